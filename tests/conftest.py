@@ -1,0 +1,20 @@
+"""Shared fixtures (builders live in helpers.py so tests can import them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import write_tiny_project
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Tests get their own statistics cache, so they never see (or fill) a user's cache."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def tiny_project(tmp_path) -> Path:
+    return write_tiny_project(tmp_path / "tiny")

@@ -1,0 +1,60 @@
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from helpers import build_tiny_model
+from tuner.errors import TunerError
+from tuner.graph import Graph, fusion_groups, load_target
+
+
+def test_topological_order_even_when_the_file_is_not_sorted():
+    model = build_tiny_model()
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    graph = Graph(model)
+    pos = {n.name: i for i, n in enumerate(graph)}
+    for node in graph:
+        for t in node.inputs:
+            if t in graph.producer:
+                assert pos[graph.producer[t].name] < pos[node.name]
+
+
+def test_activation_tensors_exclude_weights_and_bool_masks():
+    graph = Graph(onnx.shape_inference.infer_shapes(build_tiny_model()))
+    acts = graph.activation_tensors()
+    assert "x" in acts and "/stem/Conv_out" in acts
+    assert "/stem/Conv.w" not in acts
+    assert "/gate/mask" not in acts  # bool output of Greater
+
+
+def test_fusion_groups_follow_the_target_patterns():
+    graph = Graph(onnx.shape_inference.infer_shapes(build_tiny_model()))
+    groups = [[n.name for n in g] for g in fusion_groups(graph, load_target("bayes-e"))]
+    assert ["/stem/Conv", "/stem/BatchNormalization", "/stem/Relu"] in groups
+    assert ["/res/Conv", "/res/Add", "/res/Relu"] in groups
+    # /gate/Conv feeds two nodes (Sigmoid and Greater): nothing may fuse behind it
+    assert not any(g[0] == "/gate/Conv" for g in groups)
+
+
+def test_unknown_node_names_suggest_close_matches():
+    graph = Graph(build_tiny_model())
+    with pytest.raises(TunerError, match="similar: /stem/Conv"):
+        graph.node("stem/Conv")
+
+
+def test_cycle_is_reported():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])]))
+    with pytest.raises(TunerError, match="cycle"):
+        Graph(model)
+
+
+def test_target_tables():
+    t = load_target("bayes-e")
+    assert t.bpu_capable("Conv") and not t.bpu_capable("Where")
+    assert "Softmax" in t.bpu_default_cpu and t.int16_input("Softmax")
+    assert not t.int16_input("Conv") and t.int16_input("Equal") and not t.int16_output("Equal")
+    with pytest.raises(TunerError, match="no target table for march 'bayes-x'"):
+        load_target("bayes-x")

@@ -1,0 +1,83 @@
+"""The one streaming pass over the calibration data that every calibration method shares.
+
+The float model is run once per sample with every activation tensor exposed; each tensor's
+``StatsCollector`` is updated and the sample is dropped. The result is cached on disk,
+keyed by the model and data fingerprints, so a second run makes no data pass at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from tuner.calib.stats import StatsCollector, TensorStats, load_stats, save_stats
+from tuner.errors import TunerError
+from tuner.inputs.data import DataSet
+from tuner.simulate.session import make_session, with_outputs
+
+STATS_VERSION = "1"
+
+
+def cache_dir() -> Path:
+    """``$TUNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/tuner``, else ``~/.cache/tuner``."""
+    if os.environ.get("TUNER_CACHE_DIR"):
+        return Path(os.environ["TUNER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tuner"
+
+
+def stats_key(model_fp: str, data_fp: str, tensors: list[str]) -> str:
+    h = hashlib.sha256(f"v{STATS_VERSION}|{model_fp}|{data_fp}|".encode())
+    h.update("\n".join(tensors).encode())
+    return h.hexdigest()[:24]
+
+
+def collect_statistics(model, data: DataSet, tensors: list[str], threads: int | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> dict[str, TensorStats]:
+    """Run the float model over ``data`` once and return the statistics of ``tensors``."""
+    session = make_session(with_outputs(model.proto, tensors), threads)
+    names = [o.name for o in session.get_outputs()]
+    wanted = [n for n in names if n in set(tensors)]
+    collectors = {t: StatsCollector() for t in tensors}
+    for i, sample in enumerate(data):
+        for name, value in sample.items():
+            if name in collectors:
+                collectors[name].update(value)
+        outs = session.run(wanted, sample)
+        for name, value in zip(wanted, outs):
+            try:
+                collectors[name].update(value)
+            except ValueError as exc:
+                files = ", ".join(str(p) for p in data.sample_files(i))
+                raise TunerError(f"the float model produced {exc} at tensor {name!r} on sample {files}; "
+                                 "check that sample's values and the model") from None
+        if progress:
+            progress(i + 1, len(data))
+    return {t: c.result() for t, c in collectors.items()}
+
+
+def cached_statistics(model, data: DataSet, tensors: list[str], threads: int | None = None,
+                      progress: Callable[[int, int], None] | None = None,
+                      data_fingerprint: str | None = None) -> tuple[dict[str, TensorStats], bool]:
+    """Statistics from the disk cache when present, else one data pass (then cached).
+
+    Returns (stats, from_cache).
+    """
+    key = stats_key(model.fingerprint, data_fingerprint or data.fingerprint(), tensors)
+    path = cache_dir() / "stats" / f"{key}.npz"
+    if path.is_file():
+        try:
+            stats, _ = load_stats(path)
+            if set(stats) >= set(tensors):
+                return stats, True
+        except Exception:
+            pass  # a damaged cache entry is recomputed and overwritten
+    stats = collect_statistics(model, data, tensors, threads, progress)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_stats(path, stats, {"model": model.fingerprint, "key": key})
+    except OSError:
+        pass  # a read-only cache only costs time
+    return stats, False

@@ -1,0 +1,165 @@
+"""A candidate configuration: calibration settings plus per-node placement and precision.
+
+It is an immutable, hashable value, so it can key caches and be compared, and it converts
+exactly to and from the hb_mapper YAML fields it stands for (``model_parameters.node_info``
+in dict form, ``calibration_parameters``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.inputs.config import HbConfig, parse_node_info
+
+# The values hb_mapper accepts (reference 6.1); a candidate never holds anything it would reject.
+CALIBRATION_TYPES = ("default", "mix", "kl", "max", "load", "skip")
+_INPUT_K = re.compile(r"^InputType(\d+)$")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """``calibration_parameters`` that shape the quantization thresholds."""
+
+    type: str = "default"
+    max_percentile: float | None = None
+    per_channel: bool = False
+    asymmetric: bool = False
+
+    def __post_init__(self) -> None:
+        if self.type not in CALIBRATION_TYPES:
+            raise TunerError(f"calibration_type {self.type!r} is not one of {', '.join(CALIBRATION_TYPES)}")
+        if self.max_percentile is not None and not 0.0 < self.max_percentile <= 1.0:
+            raise TunerError(f"max_percentile must be in (0, 1], got {self.max_percentile}")
+
+    def describe(self) -> str:
+        """The method line as hb_mapper logs it, e.g. ``max-percentile:percentile=0.99995,per_channel``."""
+        if self.type == "max" and self.max_percentile not in (None, 1.0):
+            text = f"max-percentile:percentile={self.max_percentile:g}"
+        elif self.type == "kl":
+            text = "kl:num_bin=1024,max_num_bin=16384"
+        else:
+            text = self.type
+        if self.per_channel:
+            text += ",per_channel"
+        if self.asymmetric:
+            text += ",asymmetric"
+        return text
+
+
+@dataclass(frozen=True)
+class NodeSetting:
+    """One ``node_info`` entry. ``None`` means "not set" (hb_mapper decides)."""
+
+    on: str | None = None
+    input_type: str | None = None
+    input_types: tuple[tuple[int, str], ...] = ()
+    output_type: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, str]) -> "NodeSetting":
+        per_input = []
+        for key, value in d.items():
+            m = _INPUT_K.match(key)
+            if m:
+                per_input.append((int(m.group(1)), value))
+        return cls(on=d.get("ON"), input_type=d.get("InputType"), input_types=tuple(sorted(per_input)),
+                   output_type=d.get("OutputType"))
+
+    def to_dict(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.on is not None:
+            out["ON"] = self.on
+        if self.input_type is not None:
+            out["InputType"] = self.input_type
+        for k, v in self.input_types:
+            out[f"InputType{k}"] = v
+        if self.output_type is not None:
+            out["OutputType"] = self.output_type
+        return out
+
+    def input_dtype(self, k: int) -> str | None:
+        """dtype asked for input k: ``InputType<k>`` wins over ``InputType``."""
+        for idx, v in self.input_types:
+            if idx == k:
+                return v
+        return self.input_type
+
+    @property
+    def empty(self) -> bool:
+        return not self.to_dict()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Calibration plus per-node settings (sorted by node name, so equal configs compare equal)."""
+
+    calibration: Calibration = field(default_factory=Calibration)
+    nodes: tuple[tuple[str, NodeSetting], ...] = ()
+    optimization: tuple[str, ...] = ()
+
+    @classmethod
+    def make(cls, calibration: Calibration | None = None, nodes: dict[str, NodeSetting | dict] | None = None,
+             optimization: tuple[str, ...] = ()) -> "Candidate":
+        items = []
+        for name, s in (nodes or {}).items():
+            setting = s if isinstance(s, NodeSetting) else NodeSetting.from_dict(s)
+            if not setting.empty:
+                items.append((name, setting))
+        return cls(calibration or Calibration(), tuple(sorted(items)), tuple(optimization))
+
+    @classmethod
+    def from_config(cls, cfg: HbConfig) -> "Candidate":
+        cal = Calibration(type=cfg.calibration_type,
+                          max_percentile=cfg.max_percentile if cfg.calibration_type == "max" else None,
+                          per_channel=cfg.per_channel, asymmetric="asymmetric" in cfg.optimization)
+        return cls.make(cal, {k: NodeSetting.from_dict(v) for k, v in cfg.node_info.items()},
+                        tuple(o for o in cfg.optimization if o != "asymmetric"))
+
+    @classmethod
+    def from_yaml_fields(cls, fields: dict[str, Any]) -> "Candidate":
+        """Inverse of :meth:`to_yaml_fields` (and of any hb_mapper YAML's two sections)."""
+        mp = fields.get("model_parameters") or {}
+        cp = fields.get("calibration_parameters") or {}
+        node_info = parse_node_info("model_parameters.node_info", mp.get("node_info"))
+        opts = tuple(o.strip() for o in re.split(r"[,;]", cp.get("optimization") or "") if o.strip())
+        ctype = cp.get("calibration_type", "default")
+        cal = Calibration(type=ctype, max_percentile=cp.get("max_percentile") if ctype == "max" else None,
+                          per_channel=bool(cp.get("per_channel", False)), asymmetric="asymmetric" in opts)
+        return cls.make(cal, node_info, tuple(o for o in opts if o != "asymmetric"))
+
+    def to_yaml_fields(self) -> dict[str, Any]:
+        """The two YAML sections this candidate sets; merge them into the user's base YAML."""
+        cp: dict[str, Any] = {"calibration_type": self.calibration.type}
+        if self.calibration.type == "max" and self.calibration.max_percentile is not None:
+            cp["max_percentile"] = float(self.calibration.max_percentile)
+        if self.calibration.type in ("max", "kl"):
+            cp["per_channel"] = bool(self.calibration.per_channel)
+        opts = list(self.optimization) + (["asymmetric"] if self.calibration.asymmetric else [])
+        if opts:
+            cp["optimization"] = ",".join(opts)
+        mp: dict[str, Any] = {}
+        if self.nodes:
+            mp["node_info"] = {name: s.to_dict() for name, s in self.nodes}
+        return {"model_parameters": mp, "calibration_parameters": cp}
+
+    def setting(self, node: str) -> NodeSetting:
+        for name, s in self.nodes:
+            if name == node:
+                return s
+        return NodeSetting()
+
+    def with_calibration(self, calibration: Calibration) -> "Candidate":
+        return replace(self, calibration=calibration)
+
+    def key(self) -> str:
+        """Stable short hash of the candidate, for caches and de-duplication."""
+        blob = json.dumps({"cal": [self.calibration.type, self.calibration.max_percentile,
+                                   self.calibration.per_channel, self.calibration.asymmetric],
+                           "nodes": [[n, s.to_dict()] for n, s in self.nodes],
+                           "opt": list(self.optimization)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,177 @@
+"""Calibration and evaluation tensors, read the way hb_mapper reads ``cal_data_dir``.
+
+hb_mapper expects, per model input, a folder of raw ``numpy.tofile`` dumps in the training
+format (``input_type_train``, ``input_layout_train``, ``input_shape``) of ``cal_data_type``,
+*before* the mean/scale that ``norm_type`` fuses into the model. ``.npy`` files are read too.
+Samples are streamed one at a time; the set is never held in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tuner.errors import TunerError
+from tuner.inputs.config import InputSpec
+
+IMAGE_MAGIC = {b"\xff\xd8\xff": "a JPEG image", b"\x89PNG": "a PNG image", b"BM": "a BMP image",
+               b"GIF8": "a GIF image", b"II*\x00": "a TIFF image", b"MM\x00*": "a TIFF image"}
+DTYPES = {"float32": np.float32, "uint8": np.uint8, "int32": np.int32, "int16": np.int16, "int8": np.int8}
+
+
+@dataclass(frozen=True)
+class InputData:
+    """Where one model input's samples come from and how to turn them into model input."""
+
+    name: str
+    folder: Path
+    dtype: str
+    shape: tuple[int, ...]
+    mean: np.ndarray | None = None   # HzPreprocess: (x - mean) * scale, per channel
+    scale: np.ndarray | None = None
+    channel_axis: int = 1
+
+
+def _image_kind(head: bytes) -> str | None:
+    for magic, kind in IMAGE_MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    return None
+
+
+class DataSet:
+    """The samples of all model inputs, paired by sorted file name order."""
+
+    def __init__(self, inputs: list[InputData], limit: int | None = None):
+        self.inputs = inputs
+        self.files: list[list[Path]] = []
+        for spec in inputs:
+            if not spec.folder.is_dir():
+                raise TunerError(f"{spec.folder}: calibration folder not found for input {spec.name!r}; "
+                                 "check calibration_parameters.cal_data_dir (relative to the YAML)")
+            files = sorted(p for p in spec.folder.iterdir() if p.is_file() and not p.name.startswith("."))
+            if not files:
+                raise TunerError(f"{spec.folder}: empty calibration folder for input {spec.name!r}; write samples "
+                                 "with numpy's tofile() there")
+            self.files.append(files)
+        counts = {len(f) for f in self.files}
+        if len(counts) > 1:
+            detail = ", ".join(f"{s.name!r}: {len(f)}" for s, f in zip(inputs, self.files))
+            raise TunerError(f"the input folders hold different numbers of samples ({detail}); hb_mapper pairs "
+                             "them by order, so every input needs one file per sample")
+        self.count = counts.pop()
+        if limit is not None:
+            self.count = min(self.count, limit)
+        for spec, files in zip(inputs, self.files):
+            for path in files[: self.count]:
+                self._check_file(spec, path)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @staticmethod
+    def _check_file(spec: InputData, path: Path) -> None:
+        """Cheap checks from size and magic bytes, so bad files fail before any long work."""
+        with open(path, "rb") as f:
+            head = f.read(8)
+        kind = _image_kind(head)
+        if kind:
+            raise TunerError(f"{path}: is {kind}, not a raw tensor; hb_mapper reads numpy.tofile() dumps of "
+                             "preprocessed samples: convert the images (see 'tuner make-cal-data') or remove the file")
+        if path.suffix == ".npy":
+            return
+        itemsize = np.dtype(DTYPES[spec.dtype]).itemsize
+        expected = int(np.prod(spec.shape)) * itemsize
+        size = path.stat().st_size
+        if size != expected:
+            alt = [t for t, d in DTYPES.items() if int(np.prod(spec.shape)) * np.dtype(d).itemsize == size]
+            hint = f"; its size fits cal_data_type {alt[0]!r}" if alt else ""
+            raise TunerError(f"{path}: {size} bytes, but input {spec.name!r} of shape {'x'.join(map(str, spec.shape))} "
+                             f"in {spec.dtype} needs {expected} bytes{hint}")
+
+    def _read(self, spec: InputData, path: Path) -> np.ndarray:
+        if path.suffix == ".npy":
+            try:
+                arr = np.load(path, allow_pickle=False)
+            except Exception as exc:
+                raise TunerError(f"{path}: not a readable .npy file ({exc})") from None
+            if arr.shape != spec.shape:
+                if arr.size != int(np.prod(spec.shape)) or arr.shape != spec.shape[1:]:
+                    raise TunerError(f"{path}: shape {arr.shape}, but input {spec.name!r} needs "
+                                     f"{'x'.join(map(str, spec.shape))}")
+                arr = arr.reshape(spec.shape)
+        else:
+            arr = np.fromfile(path, dtype=DTYPES[spec.dtype]).reshape(spec.shape)
+        x = arr.astype(np.float32)
+        if not np.isfinite(x).all():
+            bad = "NaN" if np.isnan(x).any() else "Inf"
+            raise TunerError(f"{path}: contains {bad} values; fix the preprocessing that wrote it or remove the file")
+        if spec.mean is not None:
+            x = x - spec.mean
+        if spec.scale is not None:
+            x = x * spec.scale
+        return x.astype(np.float32, copy=False)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for i in range(self.count):
+            yield {spec.name: self._read(spec, files[i]) for spec, files in zip(self.inputs, self.files)}
+
+    def sample_files(self, i: int) -> list[Path]:
+        return [files[i] for files in self.files]
+
+    def fingerprint(self) -> str:
+        """sha256 over the used files' bytes and the preprocessing, so any change is noticed."""
+        h = hashlib.sha256()
+        for spec, files in zip(self.inputs, self.files):
+            h.update(f"{spec.name}|{spec.dtype}|{spec.shape}|{spec.mean}|{spec.scale}".encode())
+            for path in files[: self.count]:
+                h.update(path.name.encode())
+                with open(path, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+        return h.hexdigest()
+
+
+def _per_channel(values: tuple[float, ...] | None, shape: tuple[int, ...], layout: str) -> np.ndarray | None:
+    if values is None:
+        return None
+    arr = np.asarray(values, dtype=np.float32)
+    if len(shape) != 4:
+        return arr.reshape(()) if arr.size == 1 else arr
+    axis = 1 if layout == "NCHW" else 3
+    channels = shape[axis]
+    if arr.size not in (1, channels):
+        raise TunerError(f"mean_value/scale_value give {arr.size} values for an input with {channels} channels")
+    bshape = [1, 1, 1, 1]
+    bshape[axis] = arr.size
+    return arr.reshape(bshape)
+
+
+def dataset_from_config(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
+                        folders: list[Path] | None = None, limit: int | None = None) -> DataSet:
+    """Build the DataSet the YAML describes; ``folders`` replaces ``cal_data_dir`` (``--data``)."""
+    names = list(input_shapes)
+    if len(specs) != len(names):
+        raise TunerError(f"the YAML describes {len(specs)} inputs but the model has {len(names)}: {names}; "
+                         "list them in input_parameters.input_name")
+    if folders is not None and len(folders) != len(names):
+        raise TunerError(f"--data gives {len(folders)} folders for a model with {len(names)} inputs; "
+                         "separate one folder per input with ';'")
+    inputs = []
+    for i, spec in enumerate(specs):
+        name = spec.name or names[i]
+        if name not in input_shapes:
+            raise TunerError(f"input_parameters.input_name {name!r} is not a model input; the model has {names}")
+        shape = input_shapes[name]
+        folder = folders[i] if folders is not None else spec.cal_dir
+        if folder is None:
+            raise TunerError(f"no calibration folder for input {name!r}; set calibration_parameters.cal_data_dir")
+        dtype = spec.cal_type or "float32"
+        inputs.append(InputData(name=name, folder=Path(folder), dtype=dtype, shape=shape,
+                                mean=_per_channel(spec.mean, shape, spec.layout_train),
+                                scale=_per_channel(spec.scale, shape, spec.layout_train)))
+    return DataSet(inputs, limit=limit)

@@ -1,0 +1,173 @@
+"""The float ONNX model: loaded, checked, and prepared for simulation.
+
+Preparation makes the graph easy to rewrite: Constant nodes become initializers, input
+shapes are fixed (from the YAML's ``input_shape`` when the model's are dynamic), every node
+has a name, and shape inference gives every tensor a dtype and rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper, shape_inference
+
+from tuner.errors import TunerError
+
+FLOAT = onnx.TensorProto.FLOAT
+
+
+@dataclass
+class LoadedModel:
+    """A prepared float model plus what we learned while preparing it."""
+
+    path: Path
+    proto: onnx.ModelProto
+    fingerprint: str
+    input_shapes: dict[str, tuple[int, ...]]
+    opset: int
+    ir_version: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.input_shapes)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.proto.graph.output]
+
+
+def file_fingerprint(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    dims = vi.type.tensor_type.shape.dim
+    if not vi.type.tensor_type.HasField("shape"):
+        return None
+    shape = []
+    for d in dims:
+        if not d.HasField("dim_value") or d.dim_value <= 0:
+            return None
+        shape.append(d.dim_value)
+    return tuple(shape)
+
+
+def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
+               max_opset: int | None = None, max_ir: int | None = None) -> LoadedModel:
+    """Load ``path`` and prepare it. ``input_shapes`` overrides the model's (YAML input_shape)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TunerError(f"{path}: model file not found; check model_parameters.onnx_model "
+                         "(relative paths are resolved against the YAML's folder)")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as exc:  # onnx raises DecodeError, google.protobuf errors, ...
+        raise TunerError(f"{path}: not an ONNX model ({type(exc).__name__}); export the float model to ONNX first") from None
+    if len(proto.graph.node) == 0:
+        raise TunerError(f"{path}: not an ONNX model (no graph nodes); export the float model to ONNX first")
+    warnings: list[str] = []
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if max_opset is not None and opset > max_opset:
+        warnings.append(f"the model uses opset {opset}; hb_mapper for this march takes opset <= {max_opset} "
+                        "and will reject it: export with opset_version=11")
+    if max_ir is not None and proto.ir_version > max_ir:
+        warnings.append(f"the model has ir_version {proto.ir_version}; hb_mapper takes ir_version <= {max_ir}")
+
+    graph = proto.graph
+    init_names = {i.name for i in graph.initializer}
+    real_inputs = [i for i in graph.input if i.name not in init_names]
+    # Old exporters list initializers as graph inputs too; keep only the real inputs.
+    if len(real_inputs) != len(graph.input):
+        del graph.input[:]
+        graph.input.extend(real_inputs)
+    shapes: dict[str, tuple[int, ...]] = {}
+    overrides = dict(input_shapes or {})
+    if "" in overrides and len(real_inputs) == 1:  # input_name: '' names the only input
+        overrides[real_inputs[0].name] = overrides.pop("")
+    for vi in real_inputs:
+        if vi.type.tensor_type.elem_type != FLOAT:
+            raise TunerError(f"{path}: input {vi.name!r} is not float32; tuner simulates float32-input models")
+        shape = overrides.pop(vi.name, None) or _static_shape(vi)
+        if shape is None:
+            raise TunerError(f"{path}: input {vi.name!r} has a dynamic shape; set input_parameters.input_shape "
+                             "(e.g. '1x3x640x640') in the YAML")
+        model_rank = len(vi.type.tensor_type.shape.dim)
+        if model_rank and len(shape) != model_rank:
+            raise TunerError(f"{path}: input_shape {'x'.join(map(str, shape))} has rank {len(shape)} but input "
+                             f"{vi.name!r} has rank {model_rank}")
+        shapes[vi.name] = tuple(shape)
+        tt = vi.type.tensor_type
+        tt.ClearField("shape")
+        for d in shape:
+            tt.shape.dim.add().dim_value = d
+    if overrides:
+        raise TunerError(f"{path}: input_parameters.input_name names {sorted(overrides)}, which the model does not "
+                         f"have; its inputs are {[v.name for v in real_inputs]}")
+    _fold_constants(proto)
+    _name_nodes(proto, warnings)
+    # Shapes of intermediate tensors are stale once input shapes changed; recompute them.
+    del graph.value_info[:]
+    for out in graph.output:
+        out.type.tensor_type.ClearField("shape")
+    try:
+        proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise TunerError(f"{path}: ONNX shape inference failed ({exc}); check input_shape") from None
+    return LoadedModel(path=path, proto=proto, fingerprint=file_fingerprint(path), input_shapes=shapes,
+                       opset=opset, ir_version=proto.ir_version, warnings=warnings)
+
+
+def _fold_constants(proto: onnx.ModelProto) -> None:
+    """Turn Constant nodes into initializers: hb_mapper folds them too, and weights become visible."""
+    graph = proto.graph
+    keep = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            attr = node.attribute[0]
+            if attr.name == "value":
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(attr.t)
+            else:
+                value = onnx.helper.get_attribute_value(attr)
+                tensor = numpy_helper.from_array(np.array(value, dtype=np.float32 if "float" in attr.name else np.int64))
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+        else:
+            keep.append(node)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def _name_nodes(proto: onnx.ModelProto, warnings: list[str]) -> None:
+    """Give unnamed nodes deterministic names ``<OpType>_<k>`` (k counts per op type in graph order)."""
+    used = {n.name for n in proto.graph.node if n.name}
+    counters: dict[str, int] = {}
+    unnamed = 0
+    seen: set[str] = set()
+    for node in proto.graph.node:
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        if node.name:  # duplicate name: node_info could not address both
+            warnings.append(f"two nodes are named {node.name!r}; the second is renamed")
+        unnamed += 1
+        k = counters.get(node.op_type, 0)
+        while f"{node.op_type}_{k}" in used:
+            k += 1
+        node.name = f"{node.op_type}_{k}"
+        used.add(node.name)
+        seen.add(node.name)
+        counters[node.op_type] = k + 1
+    if unnamed:
+        warnings.append(f"{unnamed} nodes have no name; tuner names them <OpType>_<k> in graph order, which may differ "
+                        "from hb_mapper's names: name the nodes in the ONNX before using node_info on them")

@@ -1,0 +1,69 @@
+"""Streaming similarity of a quantized tensor to its float reference, over many samples.
+
+Cosine is computed over all values of all samples together (one long vector), as hb_mapper
+computes it per output; a per-sample mean would let empty samples (an OCR probability map
+of a photo without text) dominate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Similarity:
+    dot: float = 0.0
+    ref_sq: float = 0.0
+    q_sq: float = 0.0
+    err_sq: float = 0.0
+    err_abs: float = 0.0
+    max_abs: float = 0.0
+    count: int = 0
+
+    def update(self, ref: np.ndarray, q: np.ndarray) -> None:
+        r = np.asarray(ref, dtype=np.float64).ravel()
+        x = np.asarray(q, dtype=np.float64).ravel()
+        if r.shape != x.shape:
+            raise ValueError(f"shape mismatch {ref.shape} vs {q.shape}")
+        d = x - r
+        self.dot += float(r @ x)
+        self.ref_sq += float(r @ r)
+        self.q_sq += float(x @ x)
+        self.err_sq += float(d @ d)
+        self.err_abs += float(np.abs(d).sum())
+        if d.size:
+            self.max_abs = max(self.max_abs, float(np.abs(d).max()))
+        self.count += r.size
+
+    @property
+    def cosine(self) -> float:
+        """Cosine similarity; 1.0 when both are all-zero, NaN if the result is not finite."""
+        if self.ref_sq == 0.0 and self.q_sq == 0.0:
+            return 1.0
+        if self.ref_sq == 0.0 or self.q_sq == 0.0:
+            return 0.0
+        return self.dot / math.sqrt(self.ref_sq * self.q_sq)
+
+    @property
+    def sqnr_db(self) -> float:
+        """Signal-to-quantization-noise ratio in dB (inf when exact)."""
+        if self.err_sq == 0.0:
+            return math.inf
+        if self.ref_sq == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(self.ref_sq / self.err_sq)
+
+    @property
+    def l1(self) -> float:
+        return self.err_abs / self.count if self.count else 0.0
+
+    @property
+    def l2(self) -> float:
+        return math.sqrt(self.err_sq / self.count) if self.count else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"cosine": self.cosine, "sqnr_db": self.sqnr_db, "max_abs": self.max_abs,
+                "l1": self.l1, "l2": self.l2}

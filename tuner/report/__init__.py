@@ -1,0 +1,1 @@
+"""Present results: terminal tables and JSON."""

@@ -1,0 +1,72 @@
+"""Terminal tables and JSON for an evaluation, in the shape hb_mapper's log uses."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from tuner.simulate import Evaluation
+
+
+def _fmt(value: float | None, digits: int = 6) -> str:
+    if value is None:
+        return "--"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.{digits}f}"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+
+
+def node_table(ev: Evaluation) -> str:
+    rows = [[r.name, r.on, f"id({r.subgraph})" if r.subgraph is not None else "--", r.op_type,
+             _fmt(r.cosine), _fmt(r.threshold), f"{r.in_dtype}/{r.out_dtype}"] for r in ev.nodes]
+    return table(["Node", "ON", "Subgraph", "Type", "Cosine Similarity", "Threshold", "In/Out DataType"], rows)
+
+
+def output_table(ev: Evaluation) -> str:
+    rows = [[name, _fmt(m["cosine"]), _fmt(m["sqnr_db"], 2), _fmt(m["max_abs"]), _fmt(m["l1"]), _fmt(m["l2"])]
+            for name, m in ev.outputs.items()]
+    return table(["Output", "Cosine Similarity", "SQNR (dB)", "Chebyshev (max abs)", "L1", "L2"], rows)
+
+
+def summary_line(ev: Evaluation) -> str:
+    c = ev.counts()
+    bpu = sum(1 for p in ev.plan.placement.values() if p == "BPU")
+    return (f"{c['subgraphs']} BPU subgraph(s), {bpu} BPU node(s), {c['cpu_nodes']} CPU node(s), "
+            f"{c['int16_nodes']} int16 node(s)")
+
+
+def evaluation_dict(ev: Evaluation, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        return v
+
+    out: dict[str, Any] = dict(extra or {})
+    out.update({
+        "calibration": {"type": ev.calibration.type, "max_percentile": ev.calibration.max_percentile,
+                        "per_channel": ev.calibration.per_channel, "asymmetric": ev.calibration.asymmetric,
+                        "method": ev.calibration.describe()},
+        "requested": ev.candidate.to_yaml_fields(),
+        "outputs": {k: {m: clean(v) for m, v in d.items()} for k, d in ev.outputs.items()},
+        "mean_output_cosine": ev.mean_cosine,
+        "counts": ev.counts(),
+        "cpu_nodes": ev.plan.cpu_nodes,
+        "nodes": [{"node": r.name, "on": r.on, "subgraph": r.subgraph, "type": r.op_type,
+                   "cosine": clean(r.cosine), "threshold": r.threshold, "in_dtype": r.in_dtype,
+                   "out_dtype": r.out_dtype} for r in ev.nodes],
+        "notes": ev.notes,
+        "seconds": ev.seconds,
+    })
+    return out
+
+
+def to_json(ev: Evaluation, extra: dict[str, Any] | None = None) -> str:
+    return json.dumps(evaluation_dict(ev, extra), indent=2)

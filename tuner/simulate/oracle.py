@@ -1,0 +1,61 @@
+"""onnxruntime's own static quantizer, configured to a plan: the oracle and the naive baseline.
+
+``quantize_static`` builds a QDQ model from scratch (calibration pass, Q/DQ insertion) for
+every call. With the simulator's scales forced through ``TensorQuantOverrides`` it must
+produce the same quantized model the simulator runs; tests use that as an independent
+check, and ``benchmarks/trial_cost.py`` times it as the naive per-trial path.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import version_converter
+from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+from tuner.graph import Graph
+from tuner.inputs.data import DataSet
+from tuner.simulate.plan import Plan
+from tuner.simulate.scales import ScaleTable
+
+
+class _Reader(CalibrationDataReader):
+    def __init__(self, data: DataSet, limit: int):
+        self._it = iter(data)
+        self._left = limit
+
+    def get_next(self):
+        if self._left <= 0:
+            return None
+        self._left -= 1
+        return next(self._it, None)
+
+
+def ort_quantize(model: onnx.ModelProto, graph: Graph, plan: Plan, scales: ScaleTable, data: DataSet,
+                 calib_samples: int = 2) -> onnx.ModelProto:
+    """QDQ model from ``quantize_static`` with the plan's BPU op types and the table's int8 scales."""
+    overrides = {}
+    for tensor in graph.activation_tensors():
+        if tensor in scales.stats:
+            s = scales.get(tensor, "int8")
+            if s.axis is None:
+                overrides[tensor] = [{"scale": np.array(s.scale, np.float32), "zero_point": np.array(0, np.int8)}]
+    op_types = sorted({n.op_type for n in graph if plan.placement[n.name] == "BPU"})
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:
+        # Per-channel DequantizeLinear (axis) needs opset 13; below it quantize_static writes an
+        # invalid model, so upgrade first (the upgrade does not change the math).
+        model = version_converter.convert_version(model, 13)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
+        onnx.save(model, str(src))
+        quantize_static(str(src), str(dst), _Reader(data, calib_samples), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=op_types, per_channel=True, activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                        nodes_to_exclude=[n.name for n in graph if plan.placement[n.name] != "BPU"],
+                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                                       "TensorQuantOverrides": overrides})
+        return onnx.load(str(dst))

@@ -1,0 +1,194 @@
+"""Resolve a candidate against the graph and the target: what runs where, in which dtype.
+
+This is where hb_mapper's rules live, separate from running anything: placement (forced
+by ``node_info``, else the march's defaults), int16 requests honoured only where the march
+supports them (else int8, as hb_mapper falls back), fusion groups, and the resulting
+quantization points:
+
+* a BPU node quantizes each of its activation inputs (int8, or int16 where asked and allowed),
+  except on edges inside a fusion group;
+* a BPU->CPU edge and a BPU-produced model output dequantize the producer's output, which
+  was rounded to the producer's output dtype (accumulating ops such as Conv leave the BPU
+  in int32 and are not rounded);
+* a CPU->BPU edge quantizes again, with that tensor's scale (the first rule);
+* weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuner.candidate import Candidate
+from tuner.graph import Graph, Target, fused_edges, fusion_groups
+
+INT8, INT16 = "int8", "int16"
+ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "PRelu"}
+
+
+@dataclass
+class Plan:
+    """The resolved quantization of one candidate. ``edges`` maps (consumer, input index) to dtype."""
+
+    placement: dict[str, str]
+    edges: dict[tuple[str, int], tuple[str, str]]          # (node, k) -> (tensor, dtype)
+    outputs: dict[str, str]                                # quantized model outputs: tensor -> dtype
+    cpu_reads: dict[tuple[str, int], tuple[str, str]]     # BPU->CPU edges: (node, k) -> (tensor, dtype)
+    weights: list[str]                                     # BPU nodes whose weights are int8 per channel
+    subgraph: dict[str, int]
+    in_dtype: dict[str, str]
+    out_dtype: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_subgraphs(self) -> int:
+        return len(set(self.subgraph.values()))
+
+    @property
+    def cpu_nodes(self) -> list[str]:
+        return [n for n, p in self.placement.items() if p == "CPU"]
+
+    def quantized_tensors(self) -> set[str]:
+        return ({t for t, _ in self.edges.values()} | set(self.outputs) | {t for t, _ in self.cpu_reads.values()})
+
+
+def _check_names(graph: Graph, candidate: Candidate) -> None:
+    unknown = [name for name, _ in candidate.nodes if name not in graph.by_name]
+    if unknown:
+        graph.node(unknown[0])  # raises a TunerError with close matches
+
+
+def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
+    _check_names(graph, candidate)
+    notes: list[str] = []
+    opts = set(candidate.optimization)
+    all_int16 = "set_all_nodes_int16" in opts
+    softmax_bpu = bool({"set_Softmax_input_int8", "set_Softmax_output_int8"} & opts)
+
+    placement: dict[str, str] = {}
+    for node in graph:
+        s = candidate.setting(node.name)
+        if s.on == "CPU":
+            placement[node.name] = "CPU"
+        elif s.on == "BPU":
+            if target.bpu_capable(node.op_type):
+                placement[node.name] = "BPU"
+            else:
+                placement[node.name] = "CPU"
+                notes.append(f"{node.name} ({node.op_type}): cannot run on the BPU of {target.march}; stays on CPU")
+        elif node.op_type in target.bpu_ops or (softmax_bpu and node.op_type == "Softmax"):
+            placement[node.name] = "BPU"
+        else:
+            placement[node.name] = "CPU"
+
+    def wants_out16(name: str, op: str) -> bool:
+        s = candidate.setting(name)
+        asked = s.output_type == INT16 or (all_int16 and target.int16_output(op))
+        if s.output_type == INT16 and not target.int16_output(op):
+            notes.append(f"{name} ({op}): int16 output not supported on {target.march}; stays int8")
+            return False
+        return asked
+
+    out16 = {n.name: placement[n.name] == "BPU" and wants_out16(n.name, n.op_type) for n in graph}
+    fused = fused_edges(graph, target)
+    edges: dict[tuple[str, int], tuple[str, str]] = {}
+    cpu_reads: dict[tuple[str, int], tuple[str, str]] = {}
+    in_dtype: dict[str, str] = {}
+    refused: set[tuple[str, int]] = set()
+
+    groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
+
+    def leaves_in_int32(name: str) -> bool:
+        node = graph.by_name[name]
+        group = groups.get(name)
+        head = group[0] if group and group[-1].name == name else node
+        tail_ok = node.op_type not in ACTIVATIONS
+        return head.op_type in target.int32_output_ops and tail_ok
+
+    for node in graph:
+        s = candidate.setting(node.name)
+        on_bpu = placement[node.name] == "BPU"
+        dtypes = []
+        for k, tensor in graph.data_inputs(node):
+            producer = graph.producer.get(tensor)
+            p_bpu = producer is not None and placement[producer.name] == "BPU"
+            if on_bpu:
+                if producer is not None and p_bpu and (producer.name, node.name) in fused:
+                    continue
+                asked = s.input_dtype(k) == INT16 or (all_int16 and target.int16_input(node.op_type))
+                from_producer = producer is not None and out16[producer.name]
+                dtype = INT8
+                if asked or from_producer:
+                    if target.int16_input(node.op_type):
+                        dtype = INT16
+                    elif s.input_dtype(k) == INT16 and (node.name, k) not in refused:
+                        refused.add((node.name, k))
+                        notes.append(f"{node.name} ({node.op_type}): int16 input not supported on {target.march}; "
+                                     "stays int8 (hb_mapper falls back the same way)")
+                edges[(node.name, k)] = (tensor, dtype)
+                dtypes.append(dtype)
+            elif p_bpu and not leaves_in_int32(producer.name):
+                cpu_reads[(node.name, k)] = (tensor, INT16 if out16[producer.name] else INT8)
+        if on_bpu:
+            in_dtype[node.name] = INT16 if INT16 in dtypes else INT8
+        else:
+            in_dtype[node.name] = "float"
+
+    outputs: dict[str, str] = {}
+    model_out16 = "set_model_output_int16" in opts
+    for out in graph.output_names:
+        producer = graph.producer.get(out)
+        if producer is None or placement[producer.name] != "BPU" or leaves_in_int32(producer.name):
+            continue
+        outputs[out] = INT16 if (out16[producer.name] or model_out16) else INT8
+
+    out_dtype = {}
+    for node in graph:
+        if placement[node.name] != "BPU":
+            out_dtype[node.name] = "float"
+        elif leaves_in_int32(node.name) and not any(
+                placement[c.name] == "BPU" for o in node.outputs for c, _ in graph.consumers.get(o, [])):
+            out_dtype[node.name] = "int32"
+        else:
+            out_dtype[node.name] = INT16 if out16[node.name] else INT8
+
+    weights = [n.name for n in graph if placement[n.name] == "BPU" and n.op_type in target.weight_ops
+               and len(n.inputs) > target.weight_ops[n.op_type][0]
+               and n.inputs[target.weight_ops[n.op_type][0]] in graph.initializers]
+
+    subgraph = _subgraphs(graph, placement)
+    return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
+                subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, notes=notes)
+
+
+def _subgraphs(graph: Graph, placement: dict[str, str]) -> dict[str, int]:
+    """BPU subgraph ids, as hb_mapper splits them.
+
+    A subgraph runs atomically, so no path may leave it through a CPU node and come back.
+    ``stage`` counts device switches along the longest path to a node; BPU nodes joined by a
+    BPU->BPU edge at the same stage share a subgraph (which makes every subgraph convex).
+    """
+    stage: dict[str, int] = {}
+    for node in graph:
+        s = 0
+        for tensor in node.inputs:
+            p = graph.producer.get(tensor)
+            if p is not None:
+                s = max(s, stage[p.name] + (placement[p.name] != placement[node.name]))
+        stage[node.name] = s
+    parent = {n.name: n.name for n in graph if placement[n.name] == "BPU"}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for node in graph:
+        if node.name not in parent:
+            continue
+        for tensor in node.inputs:
+            p = graph.producer.get(tensor)
+            if p is not None and p.name in parent and stage[p.name] == stage[node.name]:
+                parent[find(node.name)] = find(p.name)
+    ids: dict[str, int] = {}
+    return {n.name: ids.setdefault(find(n.name), len(ids)) for n in graph if n.name in parent}

@@ -1,0 +1,134 @@
+"""Build the simulated quantized model of a plan: the float graph with Q/DQ pairs inserted.
+
+Each quantization point becomes QuantizeLinear -> DequantizeLinear (``com.microsoft``
+domain, which takes int8 and int16 at any opset, per-tensor or per-channel); BPU weights
+are replaced by their int8 per-channel fake-quantized values. The graph is built in memory
+from cached scales (milliseconds); onnxruntime then runs it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from tuner.graph import Graph, Target
+from tuner.graph.graph import toposort
+from tuner.simulate.plan import Plan
+from tuner.simulate.scales import ScaleTable
+
+MS = "com.microsoft"
+
+
+def fake_quant_weight(w: np.ndarray, axis: int) -> np.ndarray:
+    """Symmetric int8 per-channel fake quantization along ``axis`` (scale = max|w_c| / 127)."""
+    axis = axis % w.ndim
+    reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
+    amax = np.abs(w).max(axis=reduce_axes, keepdims=True) if reduce_axes else np.abs(w)
+    scale = np.where(amax > 0, amax / 127.0, 1.0)
+    return (np.clip(np.round(w / scale), -127, 127) * scale).astype(w.dtype)
+
+
+def weight_axis(node: onnx.NodeProto, op_type: str, default_axis: int) -> int:
+    if op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return default_axis
+
+
+class WeightCache:
+    """Fake-quantized weights, computed once per model (weights do not depend on calibration)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int], onnx.TensorProto] = {}
+
+    def get(self, init: onnx.TensorProto, axis: int) -> onnx.TensorProto:
+        key = (init.name, axis)
+        if key not in self._cache:
+            w = numpy_helper.to_array(init)
+            t = numpy_helper.from_array(fake_quant_weight(w, axis), name=f"{init.name}__w8pc{axis}")
+            self._cache[key] = t
+        return self._cache[key]
+
+
+def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: ScaleTable,
+                    weights: WeightCache, extra_outputs: list[str] | None = None) -> onnx.ModelProto:
+    """The simulated model of ``plan``; ``extra_outputs`` exposes intermediate tensors (for per-node tables)."""
+    g = base.graph
+    new_inits: list[onnx.TensorProto] = []
+    qdq_nodes: list[onnx.NodeProto] = []
+    made: dict[tuple[str, str], str] = {}
+
+    def quantized(tensor: str, dtype: str, source: str | None = None) -> str:
+        key = (tensor, dtype)
+        if key in made:
+            return made[key]
+        s = scales.get(tensor, dtype)
+        base_name = f"{tensor}__{dtype}"
+        scale_t = numpy_helper.from_array(np.asarray(s.scale, np.float32), f"{base_name}_scale")
+        zp_t = numpy_helper.from_array(np.asarray(s.zero_point), f"{base_name}_zp")
+        new_inits.extend([scale_t, zp_t])
+        attrs = {"axis": s.axis} if s.axis is not None else {}
+        src = source or tensor
+        qdq_nodes.append(helper.make_node("QuantizeLinear", [src, scale_t.name, zp_t.name], [f"{base_name}_q"],
+                                          name=f"{base_name}_Q", domain=MS, **attrs))
+        qdq_nodes.append(helper.make_node("DequantizeLinear", [f"{base_name}_q", scale_t.name, zp_t.name],
+                                          [f"{base_name}_dq"], name=f"{base_name}_DQ", domain=MS, **attrs))
+        made[key] = f"{base_name}_dq"
+        return made[key]
+
+    # Quantized model outputs: the producer writes "<out>__raw"; Q/DQ writes "<out>".
+    raw = {out: f"{out}__raw" for out in plan.outputs}
+    inputs_of: dict[tuple[str, int], str] = {}
+    for (node, k), (tensor, dtype) in plan.edges.items():
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor))
+    for (node, k), (tensor, dtype) in plan.cpu_reads.items():
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor))
+
+    weighted = set(plan.weights)
+    nodes: list[onnx.NodeProto] = []
+    for n in graph:
+        proto = onnx.NodeProto()
+        proto.CopyFrom(n.proto)
+        for k, name in enumerate(proto.input):
+            if (n.name, k) in inputs_of:
+                proto.input[k] = inputs_of[(n.name, k)]
+            elif name in raw:
+                proto.input[k] = raw[name]
+        for k, name in enumerate(proto.output):
+            if name in raw:
+                proto.output[k] = raw[name]
+        if n.name in weighted:
+            idx, axis = target.weight_ops[n.op_type]
+            wq = weights.get(graph.initializers[n.inputs[idx]], weight_axis(n.proto, n.op_type, axis))
+            proto.input[idx] = wq.name
+            if wq.name not in {t.name for t in new_inits}:
+                new_inits.append(wq)
+        nodes.append(proto)
+    out_nodes = []
+    for out, dtype in plan.outputs.items():
+        dq = quantized(out, dtype, raw[out])
+        out_nodes.append(helper.make_node("Identity", [dq], [out], name=f"{out}__out"))
+
+    model = onnx.ModelProto()
+    model.CopyFrom(base)
+    mg = model.graph
+    del mg.node[:]
+    mg.node.extend(nodes + qdq_nodes + out_nodes)
+    mg.initializer.extend(new_inits)
+    for extra in extra_outputs or []:
+        if extra not in {o.name for o in mg.output}:
+            mg.output.append(helper.make_tensor_value_info(raw.get(extra, extra), onnx.TensorProto.FLOAT, None))
+    if not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS, 1))
+    # Node order matters to some tools; onnxruntime sorts itself, but keep it topological.
+    _toposort_inplace(model)
+    return model
+
+
+def _toposort_inplace(model: onnx.ModelProto) -> None:
+    g = model.graph
+    available = {t.name for t in g.initializer} | {i.name for i in g.input}
+    ordered = toposort(list(g.node), available)
+    del g.node[:]
+    g.node.extend(ordered)

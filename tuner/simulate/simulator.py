@@ -1,0 +1,200 @@
+"""Candidate + cached statistics -> outputs of the simulated quantized model, scored.
+
+Set-up does the expensive, candidate-independent work once: the float reference outputs on
+the evaluation data and the fake-quantized weights. ``evaluate(candidate)`` then builds the
+candidate's Q/DQ graph in memory from cached scales, opens one onnxruntime session for it
+(kept in a small LRU cache, so repeated candidates cost nothing to set up) and streams the
+evaluation data through it once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from tuner.calib.stats import TensorStats
+from tuner.candidate import Calibration, Candidate
+from tuner.errors import TunerError
+from tuner.graph import Graph, Target
+from tuner.inputs.data import DataSet
+from tuner.inputs.model import LoadedModel
+from tuner.metrics import Similarity
+from tuner.simulate.plan import Plan, make_plan
+from tuner.simulate.qdq import WeightCache, build_sim_model
+from tuner.simulate.scales import ScaleTable
+from tuner.simulate.session import make_session, with_outputs
+
+#: What hb_mapper's ``default`` tries (horizon_nn 1.1.0 log, reference 6.1), best output cosine wins.
+DEFAULT_GRID = tuple(Calibration(type=t, max_percentile=p, per_channel=pc)
+                     for t, p in (("max", None), ("max", 0.99995), ("kl", None)) for pc in (False, True))
+
+
+@dataclass
+class NodeRow:
+    """One row of the per-node table hb_mapper prints."""
+
+    name: str
+    op_type: str
+    on: str
+    subgraph: int | None
+    cosine: float | None
+    threshold: float | None
+    in_dtype: str
+    out_dtype: str
+
+
+@dataclass
+class Evaluation:
+    candidate: Candidate
+    calibration: Calibration                      # the explicit calibration that was simulated
+    outputs: dict[str, dict[str, float]]
+    plan: Plan
+    nodes: list[NodeRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def mean_cosine(self) -> float:
+        return float(np.mean([m["cosine"] for m in self.outputs.values()]))
+
+    def counts(self) -> dict[str, int]:
+        int16 = sum(1 for n in self.plan.placement if self.plan.in_dtype.get(n) == "int16"
+                    or self.plan.out_dtype.get(n) == "int16")
+        return {"subgraphs": self.plan.n_subgraphs, "cpu_nodes": len(self.plan.cpu_nodes), "int16_nodes": int16}
+
+
+class Simulator:
+    """Evaluates candidates of one model on one data set. Not thread-safe; one per process."""
+
+    def __init__(self, model: LoadedModel, target: Target, stats: dict[str, TensorStats], data: DataSet,
+                 threads: int | None = None, session_cache: int = 4):
+        self.model = model
+        self.target = target
+        self.stats = stats
+        self.data = data
+        self.threads = threads
+        self.graph = Graph(model.proto)
+        self.weights = WeightCache()
+        self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
+        self._session_cache = session_cache
+        self._default_choice: dict[tuple, Calibration] = {}
+        self._scale_tables: dict[Calibration, ScaleTable] = {}
+        self.session_builds = 0
+        t0 = time.perf_counter()
+        float_session = make_session(model.proto, threads)
+        names = model.output_names
+        self.reference = [dict(zip(names, float_session.run(names, sample))) for sample in data]
+        self.float_seconds = time.perf_counter() - t0
+
+    # -- calibration -------------------------------------------------------------------
+    def scales(self, calibration: Calibration) -> ScaleTable:
+        if calibration not in self._scale_tables:
+            self._scale_tables[calibration] = ScaleTable(self.stats, calibration)
+        return self._scale_tables[calibration]
+
+    def resolve(self, candidate: Candidate) -> tuple[Calibration, list[str]]:
+        """The explicit calibration to simulate; ``default`` (and ``mix``) search like hb_mapper."""
+        cal = candidate.calibration
+        if cal.type in ("max", "kl"):
+            return cal, []
+        if cal.type in ("load", "skip"):
+            raise TunerError(f"calibration_type {cal.type!r} cannot be simulated (it needs QAT thresholds or uses "
+                             "random data); use max, kl or default")
+        notes = []
+        if cal.type == "mix":
+            notes.append("calibration_type mix is simulated as default (per-node method mixing is not modelled)")
+        key = (candidate.nodes, candidate.optimization)
+        if key not in self._default_choice:
+            best, best_cos = None, -np.inf
+            for option in DEFAULT_GRID:
+                ev = self._run(candidate.with_calibration(option), option, per_node=False)
+                if ev.mean_cosine > best_cos:
+                    best, best_cos = option, ev.mean_cosine
+            self._default_choice[key] = best
+        chosen = self._default_choice[key]
+        notes.append(f"default calibration: Select {chosen.describe()} method.")
+        return chosen, notes
+
+    # -- evaluation --------------------------------------------------------------------
+    def plan(self, candidate: Candidate) -> Plan:
+        return make_plan(self.graph, self.target, candidate)
+
+    def evaluate(self, candidate: Candidate, per_node: bool = False) -> Evaluation:
+        t0 = time.perf_counter()
+        calibration, notes = self.resolve(candidate)
+        ev = self._run(candidate, calibration, per_node)
+        ev.notes = notes + ev.plan.notes
+        ev.seconds = time.perf_counter() - t0
+        return ev
+
+    def tensors(self, candidate: Candidate, names: list[str], sample: dict) -> tuple[dict, dict]:
+        """(simulated, float) values of ``names`` on one sample: for debugging and tests."""
+        calibration, _ = self.resolve(candidate)
+        plan = self.plan(candidate)
+        raw = {t: f"{t}__raw" for t in plan.outputs}
+        session = self._session(candidate, calibration, plan, list(names))
+        sim_names = [raw.get(t, t) if t not in self.model.output_names else t for t in names]
+        sim = dict(zip(names, session.run(sim_names, sample)))
+        ref = make_session(with_outputs(self.model.proto, list(names)), self.threads).run(list(names), sample)
+        return sim, dict(zip(names, ref))
+
+    def _session(self, candidate: Candidate, calibration: Calibration, plan: Plan,
+                 extra: list[str]) -> ort.InferenceSession:
+        key = (candidate.nodes, candidate.optimization, calibration, tuple(extra))
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            return self._sessions[key]
+        proto = build_sim_model(self.model.proto, self.graph, self.target, plan, self.scales(calibration),
+                                self.weights, extra_outputs=extra)
+        session = make_session(proto, self.threads)
+        self.session_builds += 1
+        self._sessions[key] = session
+        while len(self._sessions) > self._session_cache:
+            self._sessions.popitem(last=False)
+        return session
+
+    def _run(self, candidate: Candidate, calibration: Calibration, per_node: bool) -> Evaluation:
+        plan = self.plan(candidate)
+        node_tensors = [n.outputs[0] for n in self.graph if n.outputs and self.graph.is_activation(n.outputs[0])]
+        extra = node_tensors if per_node else []
+        session = self._session(candidate, calibration, plan, extra)
+        outputs = self.model.output_names
+        raw = {t: f"{t}__raw" for t in plan.outputs}
+        sim_names = outputs + [raw.get(t, t) for t in extra if t not in outputs]
+        sims = {o: Similarity() for o in outputs}
+        node_sims = {t: Similarity() for t in extra}
+        float_nodes = make_session(with_outputs(self.model.proto, extra), self.threads) if per_node else None
+        for i, sample in enumerate(self.data):
+            values = dict(zip(sim_names, session.run(sim_names, sample)))
+            for o in outputs:
+                q = values[o]
+                if not np.isfinite(q).all():
+                    raise FloatingPointError(f"the simulated model produced non-finite values at output {o!r}")
+                sims[o].update(self.reference[i][o], q)
+            if per_node:
+                ref = dict(zip(extra, float_nodes.run(extra, sample)))
+                for t in extra:
+                    node_sims[t].update(ref[t], values[t] if t in outputs else values[raw.get(t, t)])
+        ev = Evaluation(candidate=candidate, calibration=calibration,
+                        outputs={o: s.as_dict() for o, s in sims.items()}, plan=plan)
+        if per_node:
+            ev.nodes = self._rows(plan, calibration, node_sims)
+        return ev
+
+    def _rows(self, plan: Plan, calibration: Calibration, sims: dict[str, Similarity]) -> list[NodeRow]:
+        scales = self.scales(calibration)
+        rows = []
+        for node in self.graph:
+            quantized = [plan.edges[(node.name, k)] for k, _ in self.graph.data_inputs(node)
+                         if (node.name, k) in plan.edges]
+            thr = scales.threshold(*quantized[0]) if quantized else None
+            out = node.outputs[0] if node.outputs else None
+            rows.append(NodeRow(name=node.name, op_type=node.op_type, on=plan.placement[node.name],
+                                subgraph=plan.subgraph.get(node.name),
+                                cosine=sims[out].cosine if out in sims else None, threshold=thr,
+                                in_dtype=plan.in_dtype[node.name], out_dtype=plan.out_dtype[node.name]))
+        return rows

@@ -1,0 +1,76 @@
+"""Everything one hb_mapper YAML points at, loaded once: model, target, data, statistics.
+
+The CLI subcommands and the study all start here, so inputs are validated the same way
+everywhere and the calibration statistics are computed (or read from cache) once.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.calib.collect import cached_statistics
+from tuner.calib.stats import TensorStats
+from tuner.candidate import Candidate
+from tuner.graph import Graph, Target, load_target
+from tuner.inputs.config import HbConfig, load_config
+from tuner.inputs.data import DataSet, dataset_from_config
+from tuner.inputs.model import LoadedModel, load_model
+from tuner.simulate import Simulator
+
+
+@dataclass
+class Workspace:
+    config: HbConfig
+    model: LoadedModel
+    target: Target
+    graph: Graph
+    calibration_data: DataSet
+    eval_data: DataSet
+    stats: dict[str, TensorStats]
+    stats_from_cache: bool
+    threads: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    _simulator: Simulator | None = None
+
+    @classmethod
+    def open(cls, config_path: str | Path, data: list[Path] | None = None, limit: int | None = None,
+             march: str | None = None, threads: int | None = None,
+             progress: Callable[[int, int], None] | None = None) -> "Workspace":
+        config = load_config(config_path)
+        target = load_target(march or config.march)
+        shapes = {s.name: s.shape for s in config.inputs if s.shape is not None}
+        model = load_model(config.onnx_model, shapes, target.max_opset, target.max_ir_version)
+        graph = Graph(model.proto)
+        cal = dataset_from_config(config.inputs, model.input_shapes)
+        ev = dataset_from_config(config.inputs, model.input_shapes, folders=data, limit=limit) if data else cal
+        if limit and not data:
+            ev = dataset_from_config(config.inputs, model.input_shapes, limit=limit)
+        tensors = graph.activation_tensors()
+        stats, from_cache = cached_statistics(model, cal, tensors, threads, progress)
+        return cls(config=config, model=model, target=target, graph=graph, calibration_data=cal, eval_data=ev,
+                   stats=stats, stats_from_cache=from_cache, threads=threads,
+                   warnings=list(config.warnings) + list(model.warnings))
+
+    @property
+    def simulator(self) -> Simulator:
+        if self._simulator is None:
+            self._simulator = Simulator(self.model, self.target, self.stats, self.eval_data, self.threads)
+        return self._simulator
+
+    def base_candidate(self) -> Candidate:
+        return Candidate.from_config(self.config)
+
+
+def progress_printer(label: str) -> Callable[[int, int], None]:
+    """A one-line progress display on stderr (only when stderr is a terminal)."""
+    tty = sys.stderr.isatty()
+
+    def show(done: int, total: int) -> None:
+        if tty:
+            end = "\n" if done == total else ""
+            print(f"\r{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    return show
