@@ -8,6 +8,7 @@ the end of an hour-long conversion.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,7 +223,7 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
         for key, value in body.items():
             where = f"{section}.{key}"
             if key not in SCHEMA[section]:
-                close = [k for k in SCHEMA[section] if k.lower() == str(key).lower() or str(key) in k]
+                close = difflib.get_close_matches(str(key), list(SCHEMA[section]), n=1, cutoff=0.75)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise TunerError(f"{path}: {where}: unknown key{hint}; hb_mapper rejects keys outside its schema")
             kind = SCHEMA[section][key]

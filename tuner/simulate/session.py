@@ -23,6 +23,10 @@ def make_session(model: onnx.ModelProto | bytes, threads: int | None = None) -> 
     opts.intra_op_num_threads = threads or default_threads()
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    # No QDQ fusion into int8 kernels (QLinearConv, QLinearSigmoid lookup tables, ...): the
+    # simulator needs exact fake-quant semantics for every dtype and per-channel activation
+    # scales, which those kernels do not all take (QLinearSigmoid rejects per-channel scales).
+    opts.add_session_config_entry("session.disable_quant_qdq", "1")
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"],
                                 disabled_optimizers=DISABLED_OPTIMIZERS)

@@ -1,0 +1,136 @@
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+
+import tuner.calib.collect as collect
+from helpers import write_tiny_project
+from tuner.candidate import Calibration, Candidate
+from tuner.metrics import Similarity
+from tuner.simulate.oracle import ort_quantize
+from tuner.simulate.plan import make_plan
+from tuner.simulate.session import make_session
+from tuner.simulate.simulator import DEFAULT_GRID
+from tuner.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    return Workspace.open(write_tiny_project(tmp_path_factory.mktemp("sim")))
+
+
+def test_a_cpu_node_on_float_inputs_is_exactly_float(ws):
+    cand = Candidate.make(Calibration("max"), {"/stem/Conv": {"ON": "CPU"}})
+    sample = next(iter(ws.eval_data))
+    sim, ref = ws.simulator.tensors(cand, ["/stem/Conv_out", "/res/Conv_out"], sample)
+    np.testing.assert_array_equal(sim["/stem/Conv_out"], ref["/stem/Conv_out"])
+    assert not np.array_equal(sim["/res/Conv_out"], ref["/res/Conv_out"])  # downstream BPU nodes are quantized
+
+
+def test_int16_scales_are_closer_to_float_than_int8_for_every_tensor(ws):
+    table = ws.simulator.scales(Calibration("max"))
+    sample = next(iter(ws.eval_data))
+    tensors = [t for t in ws.graph.activation_tensors() if t not in ws.model.output_names][:10]
+    _, ref = ws.simulator.tensors(Candidate.make(Calibration("max")), tensors, sample)
+    for t in tensors:
+        x = ref[t]
+        errs = {}
+        for dtype, qmax in (("int8", 127), ("int16", 32767)):
+            s = float(table.get(t, dtype).scale)
+            errs[dtype] = np.abs(np.clip(np.round(x / s), -qmax, qmax) * s - x).max()
+        assert errs["int16"] < errs["int8"], t
+
+
+def test_int16_everywhere_beats_int8_at_the_outputs(ws):
+    int8 = ws.simulator.evaluate(Candidate.make(Calibration("max")))
+    int16 = ws.simulator.evaluate(Candidate.make(Calibration("max"), optimization=("set_all_nodes_int16",)))
+    assert int16.outputs["depth"]["sqnr_db"] > int8.outputs["depth"]["sqnr_db"]
+    assert int16.counts()["int16_nodes"] > 0 == int8.counts()["int16_nodes"]
+
+
+def test_per_channel_helps_when_one_input_channel_is_on_another_scale(ws):
+    """Channel 3 of the tiny model's input is 50x the others (like radar range in metres)."""
+    per_tensor = ws.simulator.evaluate(Candidate.make(Calibration("max")))
+    per_channel = ws.simulator.evaluate(Candidate.make(Calibration("max", per_channel=True)))
+    assert per_channel.mean_cosine > per_tensor.mean_cosine
+
+
+def test_default_calibration_picks_the_best_of_its_grid(ws):
+    ev = ws.simulator.evaluate(Candidate.make(Calibration("default")))
+    scores = {c: ws.simulator.evaluate(Candidate.make(c)).mean_cosine for c in DEFAULT_GRID}
+    assert ev.calibration == max(scores, key=scores.get)
+    assert ev.mean_cosine == pytest.approx(max(scores.values()))
+    assert any("Select" in n for n in ev.notes)
+
+
+def test_repeated_candidate_reuses_its_session(ws):
+    cand = Candidate.make(Calibration("max", 0.9999), {"/res/Add": {"ON": "CPU"}})
+    before = ws.simulator.session_builds
+    a = ws.simulator.evaluate(cand)
+    b = ws.simulator.evaluate(cand)
+    assert ws.simulator.session_builds == before + 1
+    assert a.outputs == b.outputs
+
+
+def test_per_node_table_matches_the_plan(ws):
+    cand = Candidate.make(Calibration("max"), {"/res/Add": {"ON": "CPU"}})
+    ev = ws.simulator.evaluate(cand, per_node=True)
+    rows = {r.name: r for r in ev.nodes}
+    assert len(rows) == len(ws.graph)
+    assert rows["/res/Add"].on == "CPU" and rows["/res/Add"].subgraph is None
+    assert rows["/stem/Conv"].threshold == pytest.approx(ws.stats["x"].absmax)
+    assert 0.9 < rows["/stem/Conv"].cosine <= 1.0
+    assert rows["/gate/Greater"].cosine is None  # bool output
+    # the per-node cosine at an output node is the output's cosine
+    assert rows["/head/depth/Mul"].cosine == pytest.approx(ev.outputs["depth"]["cosine"])
+
+
+def test_second_open_makes_no_data_pass(tmp_path, monkeypatch):
+    cfg = write_tiny_project(tmp_path / "p")
+    calls = []
+    real = collect.collect_statistics
+    monkeypatch.setattr(collect, "collect_statistics", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = Workspace.open(cfg)
+    second = Workspace.open(cfg)
+    assert calls == [1]
+    assert not first.stats_from_cache and second.stats_from_cache
+    for name, st in first.stats.items():
+        np.testing.assert_array_equal(st.hist, second.stats[name].hist)
+    # changed data: a new pass
+    (tmp_path / "p" / "cal" / "0000.bin").write_bytes(np.ones((1, 4, 16, 16), np.float32).tobytes())
+    assert not Workspace.open(cfg).stats_from_cache and calls == [1, 1]
+
+
+def test_matches_onnxruntime_quantize_static_with_the_same_scales(tmp_path):
+    """Oracle: with the same quantization points and scales, onnxruntime's own QDQ model agrees.
+
+    onnxruntime quantizes every op output and has no Horizon fusion or int32 outputs, so the
+    simulator runs with those two rules off; BatchNormalization is removed because
+    quantize_static quantizes BN parameters, which hb_mapper folds into the Conv instead.
+    """
+    cfg = write_tiny_project(tmp_path / "o")
+    model = onnx.load(str(tmp_path / "o" / "tiny.onnx"))
+    nodes = [n for n in model.graph.node if n.op_type != "BatchNormalization"]
+    for n in nodes:
+        n.input[:] = ["/stem/Conv_out" if t == "/stem/bn_out" else t for t in n.input]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(tmp_path / "o" / "tiny.onnx"))
+    ws = Workspace.open(cfg)
+    ws.target = dataclasses.replace(ws.target, fusion_patterns=(), int32_output_ops=frozenset())
+    cand = Candidate.make(Calibration("max"))
+    ev = ws.simulator.evaluate(cand)
+    plan = make_plan(ws.graph, ws.target, cand)
+    qdq = ort_quantize(ws.model.proto, ws.graph, plan, ws.simulator.scales(ev.calibration), ws.calibration_data)
+    assert sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node) >= 10
+    session = make_session(qdq)
+    names = ws.model.output_names
+    agree = {o: Similarity() for o in names}
+    for sample in ws.eval_data:
+        sim, _ = ws.simulator.tensors(cand, names, sample)
+        for o, value in zip(names, session.run(names, sample)):
+            agree[o].update(value, sim[o])
+    for o in names:
+        assert agree[o].cosine >= 0.99999, (o, agree[o].cosine)
+    assert ev.mean_cosine < 0.99999  # and the quantization itself is not a no-op

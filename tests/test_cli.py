@@ -1,0 +1,97 @@
+"""The tuner command as users run it: a real subprocess, exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import write_tiny_project
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_eval_prints_node_and_output_tables(tiny_project):
+    r = run("eval", tiny_project)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "Node" in out and "Cosine Similarity" in out and "Threshold" in out
+    assert "/gate/Where" in out and "id(1)" in out
+    assert "2 BPU subgraph(s)" in out
+    assert "seg" in out and "depth" in out
+
+
+def test_eval_json_has_outputs_nodes_and_fingerprints(tiny_project):
+    r = run("eval", tiny_project, "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert set(data["outputs"]) == {"seg", "depth"}
+    assert 0.5 < data["outputs"]["seg"]["cosine"] <= 1.0
+    assert len(data["model"]["sha256"]) == 64 and len(data["calibration_data"]["sha256"]) == 64
+    assert data["counts"]["subgraphs"] == 2
+    assert {r["node"] for r in data["nodes"]} >= {"/stem/Conv", "/gate/Where"}
+
+
+def test_eval_on_separate_data(tiny_project, tmp_path):
+    other = tmp_path / "eval"
+    other.mkdir()
+    for i in range(3):
+        np.random.default_rng(i).random((1, 4, 16, 16), dtype=np.float32).tofile(other / f"{i}.bin")
+    data = json.loads(run("eval", tiny_project, "--data", other, "--json", "--no-nodes").stdout)
+    assert data["eval_data"]["samples"] == 3 and data["nodes"] == []
+
+
+def bad(project, fragment, *extra):
+    r = run("eval", project, *extra)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("tuner: error:")]
+    assert len(lines) == 1, r.stderr
+    assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_missing_config(tmp_path):
+    bad(tmp_path / "nope.yaml", "no such file")
+
+
+def test_unknown_key(tiny_project):
+    tiny_project.write_text(tiny_project.read_text().replace("  per_channel: False", "  per_chanel: False"))
+    bad(tiny_project, "calibration_parameters.per_chanel: unknown key (did you mean 'per_channel'?)")
+
+
+def test_unknown_node_in_node_info(tiny_project):
+    tiny_project.write_text(tiny_project.read_text().replace("node_info: {}", "node_info: {'/stem/conv': {'ON': 'CPU'}}"))
+    bad(tiny_project, "'/stem/conv' is not in the model")
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "nan", "size"])
+def test_bad_calibration_files_are_named(tiny_project, kind):
+    cal = tiny_project.parent / "cal"
+    before = sorted(p.name for p in cal.iterdir())
+    if kind == "jpeg":
+        (cal / "zz.jpg").write_bytes(b"\xff\xd8\xff\xe0" + bytes(100))
+        bad(tiny_project, "zz.jpg: is a JPEG image")
+    elif kind == "nan":
+        x = np.zeros((1, 4, 16, 16), np.float32)
+        x[0, 0, 0, 0] = np.nan
+        x.tofile(cal / "0003.bin")
+        bad(tiny_project, "0003.bin: contains NaN")
+    else:
+        np.zeros((1, 4, 16, 8), np.float32).tofile(cal / "0003.bin")
+        bad(tiny_project, "0003.bin: 2048 bytes")
+    assert set(before) <= {p.name for p in cal.iterdir()}  # nothing of the user's was removed
+
+
+def test_not_an_onnx_model(tiny_project):
+    (tiny_project.parent / "tiny.onnx").write_bytes(b"definitely not protobuf \xff\xfe")
+    bad(tiny_project, "not an ONNX model")
+
+
+def test_calibration_type_that_cannot_be_simulated(tiny_project):
+    tiny_project.write_text(tiny_project.read_text().replace("calibration_type: 'max'", "calibration_type: 'skip'"))
+    bad(tiny_project, "cannot be simulated")
