@@ -52,3 +52,16 @@ def test_describe_matches_hb_mapper_log_wording():
     assert Calibration("max", 0.99995, True).describe() == "max-percentile:percentile=0.99995,per_channel"
     assert Calibration("max").describe() == "max"
     assert Calibration("kl", per_channel=True).describe() == "kl:num_bin=1024,max_num_bin=16384,per_channel"
+
+
+def test_bernoulli2_ignores_node_info_but_keeps_run_on_cpu(tiny_project):
+    text = tiny_project.read_text().replace("march: 'bayes-e'", "march: 'bernoulli2'")
+    text = text.replace("node_info: {}", "node_info: {'/res/Add': {'ON': 'CPU', 'InputType': 'int16'}}")
+    text = text.replace("  per_channel: False", "  per_channel: False\n  run_on_cpu: '/gate/Mul'")
+    tiny_project.write_text(text)
+    from tuner.workspace import Workspace
+
+    ws = Workspace.open(tiny_project)
+    cand = ws.base_candidate()
+    assert dict(cand.nodes) == {"/gate/Mul": NodeSetting(on="CPU")}
+    assert any("has no node_info" in w for w in ws.warnings)

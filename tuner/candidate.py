@@ -113,11 +113,14 @@ class Candidate:
         return cls(calibration or Calibration(), tuple(sorted(items)), tuple(optimization))
 
     @classmethod
-    def from_config(cls, cfg: HbConfig) -> "Candidate":
+    def from_config(cls, cfg: HbConfig, node_info_supported: bool = True) -> "Candidate":
+        """The candidate a YAML describes. Without node_info support (bernoulli2) only the
+        legacy ``run_on_cpu``/``run_on_bpu`` lists count, as on the real tool."""
         cal = Calibration(type=cfg.calibration_type,
                           max_percentile=cfg.max_percentile if cfg.calibration_type == "max" else None,
                           per_channel=cfg.per_channel, asymmetric="asymmetric" in cfg.optimization)
-        return cls.make(cal, {k: NodeSetting.from_dict(v) for k, v in cfg.node_info.items()},
+        nodes = cfg.node_info if node_info_supported else cfg.legacy_placement
+        return cls.make(cal, {k: NodeSetting.from_dict(v) for k, v in nodes.items()},
                         tuple(o for o in cfg.optimization if o != "asymmetric"))
 
     @classmethod

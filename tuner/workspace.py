@@ -50,9 +50,13 @@ class Workspace:
             ev = dataset_from_config(config.inputs, model.input_shapes, limit=limit)
         tensors = graph.activation_tensors()
         stats, from_cache = cached_statistics(model, cal, tensors, threads, progress)
+        warnings = list(config.warnings) + list(model.warnings)
+        if target.raw.get("node_info", True) is False and (config.section("model_parameters").get("node_info")
+                                                            or config.section("model_parameters").get("set_node_data_type")):
+            warnings.append(f"march {target.march} has no node_info: hb_mapper ignores it; use "
+                            "calibration_parameters.run_on_cpu / run_on_bpu for placement")
         return cls(config=config, model=model, target=target, graph=graph, calibration_data=cal, eval_data=ev,
-                   stats=stats, stats_from_cache=from_cache, threads=threads,
-                   warnings=list(config.warnings) + list(model.warnings))
+                   stats=stats, stats_from_cache=from_cache, threads=threads, warnings=warnings)
 
     @property
     def simulator(self) -> Simulator:
@@ -61,7 +65,11 @@ class Workspace:
         return self._simulator
 
     def base_candidate(self) -> Candidate:
-        return Candidate.from_config(self.config)
+        return Candidate.from_config(self.config, node_info_supported=self.node_info_supported)
+
+    @property
+    def node_info_supported(self) -> bool:
+        return self.target.raw.get("node_info", True) is not False
 
 
 def progress_printer(label: str) -> Callable[[int, int], None]:

@@ -98,6 +98,7 @@ class HbConfig:
     max_percentile: float | None
     per_channel: bool
     optimization: tuple[str, ...]
+    legacy_placement: dict[str, dict[str, str]] = field(default_factory=dict)  # run_on_cpu / run_on_bpu only
     warnings: list[str] = field(default_factory=list)
 
     def section(self, name: str) -> dict[str, Any]:
@@ -256,8 +257,10 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
         node_info.setdefault(name, {})
         for k, v in settings.items():
             node_info[name].setdefault(k, v)
+    legacy_placement: dict[str, dict[str, str]] = {}
     for key, unit in (("run_on_cpu", "CPU"), ("run_on_bpu", "BPU")):
         for name in filter(None, _split(cp.get(key))):
+            legacy_placement.setdefault(name, {"ON": unit})
             current = node_info.setdefault(name, {})
             if "ON" in current and current["ON"] != unit:
                 warnings.append(f"calibration_parameters.{key} lists {name!r} but node_info sets ON={current['ON']}; "
@@ -328,4 +331,4 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
                     node_info=node_info, calibration_type=calibration_type,
                     max_percentile=float(pct) if pct is not None else None,
                     per_channel=bool(cp.get("per_channel", False)), optimization=optimization,
-                    warnings=warnings)
+                    legacy_placement=legacy_placement, warnings=warnings)
