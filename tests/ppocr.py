@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 DET_MODEL = "ch_PP-OCRv4_det_infer.onnx"
 #: Bundled with scikit-image 0.2x (loadable offline); two of them contain printed text.
@@ -91,17 +93,101 @@ def preprocess(rgb: np.ndarray, height: int = HEIGHT, width: int = WIDTH) -> np.
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None]).astype(np.float32)
 
 
+def fold_into_convs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The float-graph folding hb_mapper does before quantizing, done up front (a new model).
+
+    Constant nodes become initializers; a Conv/ConvTranspose whose only consumer adds a per-channel
+    constant takes it as its bias; a BatchNormalization that is the only consumer of such a conv is
+    folded into its weight and bias. Outputs keep their names, so the rest of the graph is unchanged.
+    onnxruntime's quantize_static would otherwise quantize the BN parameters and the added
+    constant to int8 per tensor, which neither hb_mapper nor the simulator does.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    nodes = []
+    for n in g.node:
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+        else:
+            nodes.append(n)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n)
+    outputs = {o.name for o in g.output}
+
+    def sole_consumer(tensor: str) -> onnx.NodeProto | None:
+        users = consumers.get(tensor, [])
+        return users[0] if len(users) == 1 and tensor not in outputs else None
+
+    removed: set[int] = set()
+    for conv in nodes:
+        if conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 or conv.input[1] not in consts:
+            continue
+        group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+        if conv.op_type == "ConvTranspose" and group != 1:
+            continue  # its output channels are not one weight axis
+        axis = 0 if conv.op_type == "Conv" else 1
+        w = consts[conv.input[1]].astype(np.float32)
+        channels = w.shape[axis]
+        b = consts[conv.input[2]].astype(np.float32) if len(conv.input) > 2 and conv.input[2] else np.zeros(channels, np.float32)
+        last = conv.output[0]
+        absorbed = []
+        nxt = sole_consumer(last)
+        if nxt is not None and nxt.op_type == "Add":
+            other = [t for t in nxt.input if t != last]
+            c = consts.get(other[0]) if len(other) == 1 else None
+            if c is not None and c.size == channels and (c.ndim <= 1 or c.shape[-3 if c.ndim >= 3 else 0] == channels):
+                b = b + c.reshape(-1).astype(np.float32)
+                absorbed.append(nxt)
+                last = nxt.output[0]
+                nxt = sole_consumer(last)
+        if nxt is not None and nxt.op_type == "BatchNormalization" and all(t in consts for t in nxt.input[1:5]):
+            gamma, beta, mean, var = (consts[t].astype(np.float64) for t in nxt.input[1:5])
+            eps = next((a.f for a in nxt.attribute if a.name == "epsilon"), 1e-5)
+            k = gamma / np.sqrt(var + eps)
+            shape = [1] * w.ndim
+            shape[axis] = channels
+            w = (w * k.reshape(shape)).astype(np.float32)
+            b = ((b - mean) * k + beta).astype(np.float32)
+            absorbed.append(nxt)
+            last = nxt.output[0]
+        if not absorbed:
+            continue
+        name = conv.name or conv.output[0]
+        consts[f"{name}__folded_w"] = w
+        consts[f"{name}__folded_b"] = b
+        del conv.input[1:]
+        conv.input.extend([f"{name}__folded_w", f"{name}__folded_b"])
+        conv.output[0] = last
+        removed.update(id(n) for n in absorbed)
+    kept = [n for n in nodes if id(n) not in removed]
+    used = {t for n in kept for t in n.input}
+    del g.node[:]
+    g.node.extend(kept)
+    del g.initializer[:]
+    g.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items() if k in used)
+    onnx.checker.check_model(out)
+    return out
+
+
 def write_ppocr_project(root: Path, photos: tuple[str, ...] = PHOTOS, height: int = HEIGHT, width: int = WIDTH,
-                        calibration_type: str = "max") -> Path:
+                        calibration_type: str = "max", fold: bool = False) -> Path:
     """Copy the detector into ``root``, write cal/NNNN.bin and hb_config.yaml there; return the YAML path.
 
-    The YAML names the model relative to its own folder, as a user's would.
+    The YAML names the model relative to its own folder, as a user's would. ``fold`` writes the
+    model through :func:`fold_into_convs` instead of copying the shipped file.
     """
     src = det_model_path()
     if src is None:
         raise FileNotFoundError("rapidocr-onnxruntime is not installed: pip install --no-deps rapidocr-onnxruntime==1.4.4")
     root.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, root / DET_MODEL)
+    if fold:
+        onnx.save(fold_into_convs(onnx.load(str(src))), str(root / DET_MODEL))
+    else:
+        shutil.copyfile(src, root / DET_MODEL)
     cal = root / "cal"
     cal.mkdir(exist_ok=True)
     for i, name in enumerate(photos):

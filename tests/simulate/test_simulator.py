@@ -8,7 +8,7 @@ import tuner.calib.collect as collect
 from helpers import write_tiny_project
 from tuner.candidate import Calibration, Candidate
 from tuner.metrics import Similarity
-from tuner.simulate.oracle import ort_quantize
+from tuner.simulate.oracle import ort_quantize, ort_semantics
 from tuner.simulate.plan import make_plan
 from tuner.simulate.session import make_session
 from tuner.simulate.simulator import DEFAULT_GRID
@@ -118,7 +118,7 @@ def test_matches_onnxruntime_quantize_static_with_the_same_scales(tmp_path):
     model.graph.node.extend(nodes)
     onnx.save(model, str(tmp_path / "o" / "tiny.onnx"))
     ws = Workspace.open(cfg)
-    ws.target = dataclasses.replace(ws.target, fusion_patterns=(), int32_output_ops=frozenset())
+    ws.target = ort_semantics(ws.target)
     cand = Candidate.make(Calibration("max"))
     ev = ws.simulator.evaluate(cand)
     plan = make_plan(ws.graph, ws.target, cand)

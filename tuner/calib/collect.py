@@ -15,7 +15,7 @@ from pathlib import Path
 from tuner.calib.stats import StatsCollector, TensorStats, load_stats, save_stats
 from tuner.errors import TunerError
 from tuner.inputs.data import DataSet
-from tuner.simulate.session import make_session, with_outputs
+from tuner.simulate.session import make_session, run_samples, with_outputs
 
 STATS_VERSION = "1"
 
@@ -37,15 +37,15 @@ def stats_key(model_fp: str, data_fp: str, tensors: list[str]) -> str:
 def collect_statistics(model, data: DataSet, tensors: list[str], threads: int | None = None,
                        progress: Callable[[int, int], None] | None = None) -> dict[str, TensorStats]:
     """Run the float model over ``data`` once and return the statistics of ``tensors``."""
-    session = make_session(with_outputs(model.proto, tensors), threads)
+    session = make_session(with_outputs(model.proto, tensors))
     names = [o.name for o in session.get_outputs()]
     wanted = [n for n in names if n in set(tensors)]
     collectors = {t: StatsCollector() for t in tensors}
-    for i, sample in enumerate(data):
+    # onnxruntime runs the next samples on the other threads while this one updates histograms.
+    for i, (sample, outs) in enumerate(run_samples(session, wanted, data, threads, with_inputs=True)):
         for name, value in sample.items():
             if name in collectors:
                 collectors[name].update(value)
-        outs = session.run(wanted, sample)
         for name, value in zip(wanted, outs):
             try:
                 collectors[name].update(value)

@@ -28,6 +28,7 @@ class Target:
     int16_input_only: frozenset[str]
     weight_ops: dict[str, tuple[int, int]]
     int32_output_ops: frozenset[str]
+    passive_ops: frozenset[str]
     fusion_patterns: tuple[tuple[FusionStep, ...], ...]
     max_opset: int | None
     max_ir_version: int | None
@@ -76,6 +77,7 @@ def load_target(march_or_path: str | Path) -> Target:
             int16_ops=frozenset(raw.get("int16_ops") or ()),
             int16_input_only=frozenset(raw.get("int16_input_only") or ()),
             weight_ops=weight_ops, int32_output_ops=frozenset(raw.get("int32_output_ops") or ()),
+            passive_ops=frozenset(raw.get("passive_ops") or ()),
             fusion_patterns=tuple(patterns), max_opset=limits.get("max_opset"),
             max_ir_version=limits.get("max_ir_version"), raw=raw)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -24,18 +24,19 @@ class Similarity:
     count: int = 0
 
     def update(self, ref: np.ndarray, q: np.ndarray) -> None:
-        r = np.asarray(ref, dtype=np.float64).ravel()
-        x = np.asarray(q, dtype=np.float64).ravel()
+        r = np.asarray(ref).ravel().astype(np.float64)
+        x = np.asarray(q).ravel().astype(np.float64)
         if r.shape != x.shape:
-            raise ValueError(f"shape mismatch {ref.shape} vs {q.shape}")
-        d = x - r
+            raise ValueError(f"shape mismatch {np.shape(ref)} vs {np.shape(q)}")
         self.dot += float(r @ x)
         self.ref_sq += float(r @ r)
         self.q_sq += float(x @ x)
-        self.err_sq += float(d @ d)
-        self.err_abs += float(np.abs(d).sum())
-        if d.size:
-            self.max_abs = max(self.max_abs, float(np.abs(d).max()))
+        x -= r                      # x is now the error; no extra array
+        self.err_sq += float(x @ x)
+        np.abs(x, out=x)
+        self.err_abs += float(x.sum())
+        if x.size:
+            self.max_abs = max(self.max_abs, float(x.max()))
         self.count += r.size
 
     @property

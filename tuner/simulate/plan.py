@@ -11,6 +11,8 @@ quantization points:
   was rounded to the producer's output dtype (accumulating ops such as Conv leave the BPU
   in int32 and are not rounded);
 * a CPU->BPU edge quantizes again, with that tensor's scale (the first rule);
+* passive data-movement ops (Slice, Reshape, MaxPool, ...) keep their input's scale, so
+  their consumers do not round again;
 * weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel.
 """
 
@@ -37,6 +39,8 @@ class Plan:
     subgraph: dict[str, int]
     in_dtype: dict[str, str]
     out_dtype: dict[str, str]
+    # BPU inputs already on their grid (behind passive ops): (node, k) -> (tensor whose scale applies, dtype)
+    passthrough: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -94,6 +98,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     cpu_reads: dict[tuple[str, int], tuple[str, str]] = {}
     in_dtype: dict[str, str] = {}
     refused: set[tuple[str, int]] = set()
+    passthrough: dict[tuple[str, int], tuple[str, str]] = {}
 
     groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
 
@@ -104,6 +109,9 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         tail_ok = node.op_type not in ACTIVATIONS
         return head.op_type in target.int32_output_ops and tail_ok
 
+    # Tensors already on a quantization grid: outputs of passive BPU ops whose input was
+    # quantized. tensor -> (tensor whose scale applies, dtype).
+    grid: dict[str, tuple[str, str]] = {}
     for node in graph:
         s = candidate.setting(node.name)
         on_bpu = placement[node.name] == "BPU"
@@ -124,12 +132,22 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                         refused.add((node.name, k))
                         notes.append(f"{node.name} ({node.op_type}): int16 input not supported on {target.march}; "
                                      "stays int8 (hb_mapper falls back the same way)")
-                edges[(node.name, k)] = (tensor, dtype)
                 dtypes.append(dtype)
+                if grid.get(tensor, (None, None))[1] == dtype:
+                    passthrough[(node.name, k)] = grid[tensor]
+                    continue
+                edges[(node.name, k)] = (tensor, dtype)
             elif p_bpu and not leaves_in_int32(producer.name):
                 cpu_reads[(node.name, k)] = (tensor, INT16 if out16[producer.name] else INT8)
         if on_bpu:
             in_dtype[node.name] = INT16 if INT16 in dtypes else INT8
+            data = graph.data_inputs(node)
+            if node.op_type in target.passive_ops and len(data) == 1 and not out16[node.name]:
+                k, tensor = data[0]
+                source = edges.get((node.name, k)) or passthrough.get((node.name, k))
+                if source is not None:
+                    for out in node.outputs:
+                        grid[out] = source
         else:
             in_dtype[node.name] = "float"
 
@@ -157,7 +175,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
 
     subgraph = _subgraphs(graph, placement)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
-                subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, notes=notes)
+                subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough, notes=notes)
 
 
 def _subgraphs(graph: Graph, placement: dict[str, str]) -> dict[str, int]:

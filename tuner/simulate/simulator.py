@@ -24,9 +24,9 @@ from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
 from tuner.simulate.plan import Plan, make_plan
-from tuner.simulate.qdq import WeightCache, build_sim_model
+from tuner.simulate.qdq import WeightCache, build_sim_model, weight_axis
 from tuner.simulate.scales import ScaleTable
-from tuner.simulate.session import make_session, with_outputs
+from tuner.simulate.session import make_session, run_samples, with_outputs
 
 #: What hb_mapper's ``default`` tries (horizon_nn 1.1.0 log, reference 6.1), best output cosine wins.
 DEFAULT_GRID = tuple(Calibration(type=t, max_percentile=p, per_channel=pc)
@@ -76,7 +76,7 @@ class Simulator:
         self.target = target
         self.stats = stats
         self.data = data
-        self.threads = threads
+        self.threads = threads  # samples run in parallel (each session single-threaded)
         self.graph = Graph(model.proto)
         self.weights = WeightCache()
         self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
@@ -84,10 +84,16 @@ class Simulator:
         self._default_choice: dict[tuple, Calibration] = {}
         self._scale_tables: dict[Calibration, ScaleTable] = {}
         self.session_builds = 0
+        # Weights do not depend on the candidate: fake-quantize them all once, here.
+        for node in self.graph:
+            if node.op_type in target.weight_ops:
+                idx, axis = target.weight_ops[node.op_type]
+                if len(node.inputs) > idx and node.inputs[idx] in self.graph.initializers:
+                    self.weights.get(self.graph.initializers[node.inputs[idx]], weight_axis(node.proto, node.op_type, axis))
         t0 = time.perf_counter()
-        float_session = make_session(model.proto, threads)
+        float_session = make_session(model.proto)
         names = model.output_names
-        self.reference = [dict(zip(names, float_session.run(names, sample))) for sample in data]
+        self.reference = [dict(zip(names, outs)) for outs in run_samples(float_session, names, data, threads)]
         self.float_seconds = time.perf_counter() - t0
 
     # -- calibration -------------------------------------------------------------------
@@ -139,7 +145,7 @@ class Simulator:
         session = self._session(candidate, calibration, plan, list(names))
         sim_names = [raw.get(t, t) if t not in self.model.output_names else t for t in names]
         sim = dict(zip(names, session.run(sim_names, sample)))
-        ref = make_session(with_outputs(self.model.proto, list(names)), self.threads).run(list(names), sample)
+        ref = make_session(with_outputs(self.model.proto, list(names))).run(list(names), sample)
         return sim, dict(zip(names, ref))
 
     def _session(self, candidate: Candidate, calibration: Calibration, plan: Plan,
@@ -150,7 +156,7 @@ class Simulator:
             return self._sessions[key]
         proto = build_sim_model(self.model.proto, self.graph, self.target, plan, self.scales(calibration),
                                 self.weights, extra_outputs=extra)
-        session = make_session(proto, self.threads)
+        session = make_session(proto)
         self.session_builds += 1
         self._sessions[key] = session
         while len(self._sessions) > self._session_cache:
@@ -167,16 +173,18 @@ class Simulator:
         sim_names = outputs + [raw.get(t, t) for t in extra if t not in outputs]
         sims = {o: Similarity() for o in outputs}
         node_sims = {t: Similarity() for t in extra}
-        float_nodes = make_session(with_outputs(self.model.proto, extra), self.threads) if per_node else None
-        for i, sample in enumerate(self.data):
-            values = dict(zip(sim_names, session.run(sim_names, sample)))
+        if per_node:
+            float_nodes = make_session(with_outputs(self.model.proto, extra))
+            refs = run_samples(float_nodes, extra, self.data, self.threads)
+        for i, outs in enumerate(run_samples(session, sim_names, self.data, self.threads)):
+            values = dict(zip(sim_names, outs))
             for o in outputs:
                 q = values[o]
                 if not np.isfinite(q).all():
                     raise FloatingPointError(f"the simulated model produced non-finite values at output {o!r}")
                 sims[o].update(self.reference[i][o], q)
             if per_node:
-                ref = dict(zip(extra, float_nodes.run(extra, sample)))
+                ref = dict(zip(extra, next(refs)))
                 for t in extra:
                     node_sims[t].update(ref[t], values[t] if t in outputs else values[raw.get(t, t)])
         ev = Evaluation(candidate=candidate, calibration=calibration,
