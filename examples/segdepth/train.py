@@ -1,6 +1,6 @@
 """Train and export the segdepth example model (torch, CPU).
 
-    /tmp/venv-train/bin/python examples/segdepth/train.py [--epochs E] [--samples N] [--seed S]
+    python examples/segdepth/train.py [--epochs E] [--samples N] [--seed S]
 
 A small U-Net-like segmentation + depth network with a 5-channel input
 (R, G, B, radar range in metres, radar valid mask), shaped like the users' real
