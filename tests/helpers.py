@@ -120,3 +120,24 @@ def write_tiny_project(root: Path, n: int = 8, calibration_type: str = "max", no
     return cfg
 
 
+
+
+EXAMPLE = REPO / "examples" / "segdepth"
+
+
+def write_example_project(root: Path, n_cal: int = 16, n_eval: int = 8) -> Path:
+    """The bundled seg+depth example with freshly generated data in ``root``; returns its YAML."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(EXAMPLE / "make_data.py"), "--out", str(root / "data"),
+                    "--cal", str(n_cal), "--eval", str(n_eval)], check=True, capture_output=True)
+    cfg = yaml.safe_load((EXAMPLE / "hb_config.yaml").read_text())
+    cfg["model_parameters"]["onnx_model"] = str(EXAMPLE / "segdepth.onnx")
+    cfg["calibration_parameters"]["cal_data_dir"] = "data/cal"
+    path = root / "hb_config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path

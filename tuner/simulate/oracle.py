@@ -59,7 +59,10 @@ def ort_quantize(model: onnx.ModelProto, graph: Graph, plan: Plan, scales: Scale
                         nodes_to_exclude=[n.name for n in graph if plan.placement[n.name] != "BPU"],
                         # QuantizeBias: the simulator keeps Conv biases in float; int32 biases would
                         # shift rounding at every later quantizer (output cosine 0.9925 on PP-OCRv4 det).
-                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
+                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                                       # data-movement ops (Slice, Reshape, ...) fed by a graph input
+                                       # are otherwise left float; every BPU op quantizes its input
+                                       "ForceQuantizeNoInputCheck": True, "QuantizeBias": False,
                                        "TensorQuantOverrides": overrides})
         return onnx.load(str(dst))
 
@@ -67,8 +70,14 @@ def ort_quantize(model: onnx.ModelProto, graph: Graph, plan: Plan, scales: Scale
 def ort_semantics(target: Target) -> Target:
     """``target`` with the quantization points onnxruntime's quantizer uses.
 
-    quantize_static quantizes every quantized op's output with that tensor's own scale: it
-    knows no Horizon fusion groups, no int32 outputs and no passive ops. Comparing the
-    simulator with it like for like needs those three rules off.
+    quantize_static knows no Horizon fusion groups and no int32 outputs; its data-movement
+    ops (QDQDirect8BitOp and friends) quantize their output "same as input", Resize and
+    AveragePool included; Relu and Clip get their own output scale; and, with scales forced
+    through overrides, Conv biases stay float. Comparing the simulator with it like for like
+    needs the same rules.
     """
-    return dataclasses.replace(target, fusion_patterns=(), int32_output_ops=frozenset(), passive_ops=frozenset())
+    return dataclasses.replace(
+        target, fusion_patterns=(), int32_output_ops=frozenset(), quantize_bias=False,
+        passive_ops=frozenset({"Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split",
+                               "Gather", "GatherElements", "MaxPool", "TopK"}),
+        same_scale_ops=frozenset({"Resize", "AveragePool"}))

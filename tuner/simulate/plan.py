@@ -12,7 +12,8 @@ quantization points:
   in int32 and are not rounded);
 * a CPU->BPU edge quantizes again, with that tensor's scale (the first rule);
 * passive data-movement ops (Slice, Reshape, MaxPool, ...) keep their input's scale, so
-  their consumers do not round again;
+  their consumers do not round again; same-scale ops (Resize, AveragePool) keep the scale
+  but leave the grid, so their output is rounded again with the input's scale;
 * weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel.
 """
 
@@ -41,6 +42,8 @@ class Plan:
     out_dtype: dict[str, str]
     # BPU inputs already on their grid (behind passive ops): (node, k) -> (tensor whose scale applies, dtype)
     passthrough: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+    # Outputs of same-scale ops (Resize, ...) are rounded with their input's scale: tensor -> scale source
+    scale_of: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -99,6 +102,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     in_dtype: dict[str, str] = {}
     refused: set[tuple[str, int]] = set()
     passthrough: dict[tuple[str, int], tuple[str, str]] = {}
+    scale_of: dict[str, str] = {}
 
     groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
 
@@ -142,12 +146,15 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         if on_bpu:
             in_dtype[node.name] = INT16 if INT16 in dtypes else INT8
             data = graph.data_inputs(node)
-            if node.op_type in target.passive_ops and len(data) == 1 and not out16[node.name]:
+            if len(data) == 1 and not out16[node.name]:
                 k, tensor = data[0]
                 source = edges.get((node.name, k)) or passthrough.get((node.name, k))
-                if source is not None:
+                if source is not None and node.op_type in target.passive_ops:
                     for out in node.outputs:
                         grid[out] = source
+                elif source is not None and node.op_type in target.same_scale_ops:
+                    for out in node.outputs:
+                        scale_of[out] = scale_of.get(source[0], source[0])
         else:
             in_dtype[node.name] = "float"
 
@@ -175,7 +182,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
 
     subgraph = _subgraphs(graph, placement)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
-                subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough, notes=notes)
+                subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
+                scale_of=scale_of, notes=notes)
 
 
 def _subgraphs(graph: Graph, placement: dict[str, str]) -> dict[str, int]:

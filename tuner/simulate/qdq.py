@@ -18,6 +18,7 @@ from tuner.simulate.plan import Plan
 from tuner.simulate.scales import ScaleTable
 
 MS = "com.microsoft"
+BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
 
 
 def fake_quant_weight(w: np.ndarray, axis: int) -> np.ndarray:
@@ -36,19 +37,39 @@ def weight_axis(node: onnx.NodeProto, op_type: str, default_axis: int) -> int:
     return default_axis
 
 
+def weight_scales(w: np.ndarray, axis: int) -> np.ndarray:
+    """Per-channel int8 weight scales along ``axis`` (1-D)."""
+    axis = axis % w.ndim
+    amax = np.abs(np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)).max(axis=1)
+    return np.where(amax > 0, amax / 127.0, 1.0)
+
+
 class WeightCache:
-    """Fake-quantized weights, computed once per model (weights do not depend on calibration)."""
+    """Fake-quantized weights and their scales, computed once per model (they do not depend on
+    calibration)."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, int], onnx.TensorProto] = {}
+        self._cache: dict[tuple[str, int], tuple[onnx.TensorProto, np.ndarray]] = {}
 
     def get(self, init: onnx.TensorProto, axis: int) -> onnx.TensorProto:
+        return self._entry(init, axis)[0]
+
+    def scales(self, init: onnx.TensorProto, axis: int) -> np.ndarray:
+        return self._entry(init, axis)[1]
+
+    def _entry(self, init: onnx.TensorProto, axis: int) -> tuple[onnx.TensorProto, np.ndarray]:
         key = (init.name, axis)
         if key not in self._cache:
             w = numpy_helper.to_array(init)
             t = numpy_helper.from_array(fake_quant_weight(w, axis), name=f"{init.name}__w8pc{axis}")
-            self._cache[key] = t
+            self._cache[key] = (t, weight_scales(w, axis))
         return self._cache[key]
+
+
+def quantize_bias(bias: np.ndarray, input_scale: float, w_scales: np.ndarray) -> np.ndarray:
+    """int32 bias with scale input_scale * weight_scale[c], as the BPU (and onnxruntime's QDQ) keep it."""
+    s = (input_scale * w_scales).astype(np.float64)
+    return (np.round(bias.astype(np.float64) / s) * s).astype(bias.dtype)
 
 
 def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: ScaleTable,
@@ -63,7 +84,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         key = (tensor, dtype)
         if key in made:
             return made[key]
-        s = scales.get(tensor, dtype)
+        s = scales.get(plan.scale_of.get(tensor, tensor), dtype)
         base_name = f"{tensor}__{dtype}"
         scale_t = numpy_helper.from_array(np.asarray(s.scale, np.float32), f"{base_name}_scale")
         zp_t = numpy_helper.from_array(np.asarray(s.zero_point), f"{base_name}_zp")
@@ -100,10 +121,21 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                 proto.output[k] = raw[name]
         if n.name in weighted:
             idx, axis = target.weight_ops[n.op_type]
-            wq = weights.get(graph.initializers[n.inputs[idx]], weight_axis(n.proto, n.op_type, axis))
+            w_init, w_axis = graph.initializers[n.inputs[idx]], weight_axis(n.proto, n.op_type, axis)
+            wq = weights.get(w_init, w_axis)
             proto.input[idx] = wq.name
             if wq.name not in {t.name for t in new_inits}:
                 new_inits.append(wq)
+            bias_name = n.inputs[2] if len(n.inputs) > 2 and n.op_type in BIAS_OPS else ""
+            source = plan.edges.get((n.name, 0)) or plan.passthrough.get((n.name, 0))
+            if target.quantize_bias and bias_name in graph.initializers and source is not None:
+                s_in = scales.get(*source)
+                if s_in.axis is None and s_in.zero_point.dtype != np.uint8:
+                    b = numpy_helper.to_array(graph.initializers[bias_name])
+                    bq = numpy_helper.from_array(quantize_bias(b, float(s_in.scale), weights.scales(w_init, w_axis)),
+                                                 name=f"{bias_name}__b32_{n.name}")
+                    new_inits.append(bq)
+                    proto.input[2] = bq.name
         nodes.append(proto)
     out_nodes = []
     for out, dtype in plan.outputs.items():

@@ -1,0 +1,48 @@
+"""The simulator on the bundled seg+depth example (real trained weights)."""
+
+import pytest
+
+from helpers import write_example_project
+from tuner.candidate import Calibration, Candidate
+from tuner.metrics import Similarity
+from tuner.simulate.oracle import ort_quantize, ort_semantics
+from tuner.simulate.session import make_session
+from tuner.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    return write_example_project(tmp_path_factory.mktemp("example"))
+
+
+def test_oracle_all_bpu_int8_max_matches_quantize_static(example):
+    ws = Workspace.open(example)
+    ws.target = ort_semantics(ws.target)
+    cand = Candidate.make(Calibration("max"))
+    sim = ws.simulator
+    ev = sim.evaluate(cand)
+    qdq = ort_quantize(ws.model.proto, ws.graph, sim.plan(cand), sim.scales(ev.calibration), ws.calibration_data)
+    session = make_session(qdq)
+    names = ws.model.output_names
+    agree = {o: Similarity() for o in names}
+    for sample in ws.eval_data:
+        mine, _ = sim.tensors(cand, names, sample)
+        for o, theirs in zip(names, session.run(names, sample)):
+            agree[o].update(theirs, mine[o])
+    for o in names:
+        assert agree[o].cosine >= 0.99999, (o, agree[o].cosine)
+
+
+def test_the_radar_channel_breaks_per_tensor_input_quantization(example):
+    """The example's input mixes RGB in 0..1 with radar range in metres: one per-tensor int8
+    scale crushes the image; per-channel calibration or an int16 input fixes it."""
+    ws = Workspace.open(example)
+    sim = ws.simulator
+    per_tensor = sim.evaluate(Candidate.make(Calibration("max")))
+    per_channel = sim.evaluate(Candidate.make(Calibration("max", per_channel=True)))
+    first = [n.name for n in ws.graph if "input" in n.inputs]
+    int16_input = sim.evaluate(Candidate.make(Calibration("max"), {n: {"InputType": "int16"} for n in first}))
+    assert per_tensor.outputs["seg"]["cosine"] < 0.95
+    assert per_channel.outputs["seg"]["cosine"] > 0.99
+    assert int16_input.outputs["seg"]["cosine"] > 0.99
+    assert per_tensor.plan.n_subgraphs >= 1 and len(per_tensor.plan.cpu_nodes) == 3  # Greater, Where, ScatterND
