@@ -9,10 +9,15 @@ import pytest
 from helpers import write_tiny_project
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Tests get their own statistics cache, so they never see (or fill) a user's cache."""
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Tests get their own statistics cache, so they never see (or fill) a user's cache.
+
+    Session-scoped, so module-scoped fixtures (set up before function-scoped ones) see it too.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TUNER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+        yield
 
 
 @pytest.fixture

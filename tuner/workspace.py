@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tuner.calib.collect import cached_statistics
 from tuner.calib.stats import TensorStats
+from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Candidate
 from tuner.graph import Graph, Target, load_target
 from tuner.inputs.config import HbConfig, load_config
@@ -33,6 +34,7 @@ class Workspace:
     stats_from_cache: bool
     threads: int | None = None
     warnings: list[str] = field(default_factory=list)
+    thresholds: ThresholdMemo | None = None
     _simulator: Simulator | None = None
 
     @classmethod
@@ -49,19 +51,21 @@ class Workspace:
         if limit and not data:
             ev = dataset_from_config(config.inputs, model.input_shapes, limit=limit)
         tensors = graph.activation_tensors()
-        stats, from_cache = cached_statistics(model, cal, tensors, threads, progress)
+        stats, from_cache, stats_path = cached_statistics(model, cal, tensors, threads, progress)
         warnings = list(config.warnings) + list(model.warnings)
         if target.raw.get("node_info", True) is False and (config.section("model_parameters").get("node_info")
                                                             or config.section("model_parameters").get("set_node_data_type")):
             warnings.append(f"march {target.march} has no node_info: hb_mapper ignores it; use "
                             "calibration_parameters.run_on_cpu / run_on_bpu for placement")
         return cls(config=config, model=model, target=target, graph=graph, calibration_data=cal, eval_data=ev,
-                   stats=stats, stats_from_cache=from_cache, threads=threads, warnings=warnings)
+                   stats=stats, stats_from_cache=from_cache, threads=threads, warnings=warnings,
+                   thresholds=ThresholdMemo(stats, stats_path.with_suffix(".thresholds.json")))
 
     @property
     def simulator(self) -> Simulator:
         if self._simulator is None:
-            self._simulator = Simulator(self.model, self.target, self.stats, self.eval_data, self.threads)
+            self._simulator = Simulator(self.model, self.target, self.stats, self.eval_data, self.threads,
+                                        thresholds=self.thresholds)
         return self._simulator
 
     def base_candidate(self) -> Candidate:

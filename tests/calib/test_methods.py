@@ -138,7 +138,7 @@ def test_kl_layout_spans_absmax_and_can_clip_to_a_sixteenth():
         assert candidates[-1] == h.size                      # no clipping is always a candidate
         step = candidates[1] - candidates[0]
         assert candidates[0] * width <= s.absmax / 16 + (step + 1) * width  # TensorRT clips to absmax/16 too
-        assert len(candidates) <= 513 and (np.diff(candidates) > 0).all()
+        assert len(candidates) <= 257 and (np.diff(candidates) > 0).all()
 
 
 def test_kl_clips_outliers_but_max_does_not():

@@ -87,6 +87,7 @@ def test_per_node_table_matches_the_plan(ws):
 
 
 def test_second_open_makes_no_data_pass(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))  # empty: other tests cached the tiny model
     cfg = write_tiny_project(tmp_path / "p")
     calls = []
     real = collect.collect_statistics
@@ -134,3 +135,18 @@ def test_matches_onnxruntime_quantize_static_with_the_same_scales(tmp_path):
     for o in names:
         assert agree[o].cosine >= 0.99999, (o, agree[o].cosine)
     assert ev.mean_cosine < 0.99999  # and the quantization itself is not a no-op
+
+
+def test_simulated_graph_is_a_valid_topologically_sorted_onnx_model(ws):
+    from tuner.simulate.qdq import build_sim_model
+
+    cand = Candidate.make(Calibration("max", per_channel=True), {"/res/Add": {"ON": "CPU"}, "/gate/Mul": {"InputType": "int16"}})
+    sim = ws.simulator
+    model = build_sim_model(ws.model.proto, sim.graph, ws.target, sim.plan(cand), sim.scales(cand.calibration), sim.weights)
+    onnx.checker.check_model(model)
+    seen = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        assert all(i in seen for i in node.input if i), node.name
+        seen.update(node.output)
+    quant = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert any(n.input[0] == "/gate/Conv_out" for n in quant) or any("int16" in n.name for n in quant)

@@ -60,10 +60,10 @@ def collect_statistics(model, data: DataSet, tensors: list[str], threads: int | 
 
 def cached_statistics(model, data: DataSet, tensors: list[str], threads: int | None = None,
                       progress: Callable[[int, int], None] | None = None,
-                      data_fingerprint: str | None = None) -> tuple[dict[str, TensorStats], bool]:
+                      data_fingerprint: str | None = None) -> tuple[dict[str, TensorStats], bool, Path]:
     """Statistics from the disk cache when present, else one data pass (then cached).
 
-    Returns (stats, from_cache).
+    Returns (stats, from_cache, cache path); the path also names the threshold memo beside it.
     """
     key = stats_key(model.fingerprint, data_fingerprint or data.fingerprint(), tensors)
     path = cache_dir() / "stats" / f"{key}.npz"
@@ -71,7 +71,7 @@ def cached_statistics(model, data: DataSet, tensors: list[str], threads: int | N
         try:
             stats, _ = load_stats(path)
             if set(stats) >= set(tensors):
-                return stats, True
+                return stats, True, path
         except Exception:
             pass  # a damaged cache entry is recomputed and overwritten
     stats = collect_statistics(model, data, tensors, threads, progress)
@@ -80,4 +80,4 @@ def cached_statistics(model, data: DataSet, tensors: list[str], threads: int | N
         save_stats(path, stats, {"model": model.fingerprint, "key": key})
     except OSError:
         pass  # a read-only cache only costs time
-    return stats, False
+    return stats, False, path

@@ -29,7 +29,16 @@ def _match(graph: Graph, head: Node, steps: tuple[FusionStep, ...]) -> list[Node
 
 
 def fusion_groups(graph: Graph, target: Target) -> list[list[Node]]:
-    """Static fusion groups (longest pattern match from each head), in topological order."""
+    """Static fusion groups (longest pattern match from each head), in topological order.
+
+    They depend only on the graph and the patterns, so they are computed once per graph."""
+    key = ("fusion_groups", target.fusion_patterns)
+    if key not in graph.cache:
+        graph.cache[key] = _fusion_groups(graph, target)
+    return graph.cache[key]
+
+
+def _fusion_groups(graph: Graph, target: Target) -> list[list[Node]]:
     taken: set[str] = set()
     groups = []
     for node in graph:

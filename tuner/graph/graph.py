@@ -83,6 +83,7 @@ class Graph:
             self.dtypes[t.name] = t.data_type
             self.shapes[t.name] = tuple(t.dims)
         self.nodes = self._toposort(list(g.node))
+        self.cache: dict = {}  # derived static facts (fusion groups per pattern set, ...)
         self.by_name = {n.name: n for n in self.nodes}
         self.producer: dict[str, Node] = {}
         self.consumers: dict[str, list[tuple[Node, int]]] = defaultdict(list)

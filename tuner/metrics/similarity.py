@@ -28,11 +28,12 @@ class Similarity:
         x = np.asarray(q).ravel().astype(np.float64)
         if r.shape != x.shape:
             raise ValueError(f"shape mismatch {np.shape(ref)} vs {np.shape(q)}")
-        self.dot += float(r @ x)
-        self.ref_sq += float(r @ r)
-        self.q_sq += float(x @ x)
+        # einsum, not BLAS: OpenBLAS threads fight onnxruntime's (measured 31 ms vs 0.35 ms a call)
+        self.dot += float(np.einsum("i,i->", r, x))
+        self.ref_sq += float(np.einsum("i,i->", r, r))
+        self.q_sq += float(np.einsum("i,i->", x, x))
         x -= r                      # x is now the error; no extra array
-        self.err_sq += float(x @ x)
+        self.err_sq += float(np.einsum("i,i->", x, x))
         np.abs(x, out=x)
         self.err_abs += float(x.sum())
         if x.size:

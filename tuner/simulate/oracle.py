@@ -8,7 +8,9 @@ check, and ``benchmarks/trial_cost.py`` times it as the naive per-trial path.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import tempfile
 from pathlib import Path
 
@@ -21,6 +23,19 @@ from tuner.graph import Graph, Target
 from tuner.inputs.data import DataSet
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import ScaleTable
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """quantize_static logs advice ("consider pre-processing", per-axis fallbacks) on the root
+    logger for every call; for an oracle and a baseline that is noise."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 class _Reader(CalibrationDataReader):
@@ -50,7 +65,7 @@ def ort_quantize(model: onnx.ModelProto, graph: Graph, plan: Plan, scales: Scale
         # Per-channel DequantizeLinear (axis) needs opset 13; below it quantize_static writes an
         # invalid model, so upgrade first (the upgrade does not change the math).
         model = version_converter.convert_version(model, 13)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _quiet_root_logger():
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
         onnx.save(model, str(src))
         quantize_static(str(src), str(dst), _Reader(data, calib_samples), quant_format=QuantFormat.QDQ,

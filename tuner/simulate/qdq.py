@@ -8,12 +8,13 @@ from cached scales (milliseconds); onnxruntime then runs it.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Target
-from tuner.graph.graph import toposort
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import ScaleTable
 
@@ -75,9 +76,8 @@ def quantize_bias(bias: np.ndarray, input_scale: float, w_scales: np.ndarray) ->
 def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: ScaleTable,
                     weights: WeightCache, extra_outputs: list[str] | None = None) -> onnx.ModelProto:
     """The simulated model of ``plan``; ``extra_outputs`` exposes intermediate tensors (for per-node tables)."""
-    g = base.graph
-    new_inits: list[onnx.TensorProto] = []
-    qdq_nodes: list[onnx.NodeProto] = []
+    new_inits: dict[str, onnx.TensorProto] = {}
+    qdq_after: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # Q/DQ pairs, keyed by the tensor they read
     made: dict[tuple[str, str], str] = {}
 
     def quantized(tensor: str, dtype: str, source: str | None = None) -> str:
@@ -88,13 +88,14 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         base_name = f"{tensor}__{dtype}"
         scale_t = numpy_helper.from_array(np.asarray(s.scale, np.float32), f"{base_name}_scale")
         zp_t = numpy_helper.from_array(np.asarray(s.zero_point), f"{base_name}_zp")
-        new_inits.extend([scale_t, zp_t])
+        new_inits[scale_t.name] = scale_t
+        new_inits[zp_t.name] = zp_t
         attrs = {"axis": s.axis} if s.axis is not None else {}
         src = source or tensor
-        qdq_nodes.append(helper.make_node("QuantizeLinear", [src, scale_t.name, zp_t.name], [f"{base_name}_q"],
-                                          name=f"{base_name}_Q", domain=MS, **attrs))
-        qdq_nodes.append(helper.make_node("DequantizeLinear", [f"{base_name}_q", scale_t.name, zp_t.name],
-                                          [f"{base_name}_dq"], name=f"{base_name}_DQ", domain=MS, **attrs))
+        qdq_after[src].append(helper.make_node("QuantizeLinear", [src, scale_t.name, zp_t.name], [f"{base_name}_q"],
+                                               name=f"{base_name}_Q", domain=MS, **attrs))
+        qdq_after[src].append(helper.make_node("DequantizeLinear", [f"{base_name}_q", scale_t.name, zp_t.name],
+                                               [f"{base_name}_dq"], name=f"{base_name}_DQ", domain=MS, **attrs))
         made[key] = f"{base_name}_dq"
         return made[key]
 
@@ -106,8 +107,12 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     for (node, k), (tensor, dtype) in plan.cpu_reads.items():
         inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor))
 
+    out_dq = {out: quantized(out, dtype, raw[out]) for out, dtype in plan.outputs.items()}
+
     weighted = set(plan.weights)
-    nodes: list[onnx.NodeProto] = []
+    # Emitted in topological order: graph inputs' Q/DQ first, each node followed by the Q/DQ
+    # pairs that read its outputs.
+    nodes: list[onnx.NodeProto] = [q for name in graph.input_names for q in qdq_after.get(name, [])]
     for n in graph:
         proto = onnx.NodeProto()
         proto.CopyFrom(n.proto)
@@ -124,8 +129,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             w_init, w_axis = graph.initializers[n.inputs[idx]], weight_axis(n.proto, n.op_type, axis)
             wq = weights.get(w_init, w_axis)
             proto.input[idx] = wq.name
-            if wq.name not in {t.name for t in new_inits}:
-                new_inits.append(wq)
+            new_inits[wq.name] = wq
             bias_name = n.inputs[2] if len(n.inputs) > 2 and n.op_type in BIAS_OPS else ""
             source = plan.edges.get((n.name, 0)) or plan.passthrough.get((n.name, 0))
             if target.quantize_bias and bias_name in graph.initializers and source is not None:
@@ -134,33 +138,28 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                     b = numpy_helper.to_array(graph.initializers[bias_name])
                     bq = numpy_helper.from_array(quantize_bias(b, float(s_in.scale), weights.scales(w_init, w_axis)),
                                                  name=f"{bias_name}__b32_{n.name}")
-                    new_inits.append(bq)
+                    new_inits[bq.name] = bq
                     proto.input[2] = bq.name
         nodes.append(proto)
-    out_nodes = []
-    for out, dtype in plan.outputs.items():
-        dq = quantized(out, dtype, raw[out])
-        out_nodes.append(helper.make_node("Identity", [dq], [out], name=f"{out}__out"))
+        for out in proto.output:
+            nodes.extend(qdq_after.get(out, []))
+    nodes.extend(helper.make_node("Identity", [dq], [out], name=f"{out}__out") for out, dq in out_dq.items())
 
     model = onnx.ModelProto()
-    model.CopyFrom(base)
-    mg = model.graph
-    del mg.node[:]
-    mg.node.extend(nodes + qdq_nodes + out_nodes)
-    mg.initializer.extend(new_inits)
+    for field_name in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(model, field_name, getattr(base, field_name))
+    model.opset_import.extend(base.opset_import)
+    g, mg = base.graph, model.graph
+    mg.name = g.name
+    mg.input.extend(g.input)
+    mg.output.extend(g.output)
+    mg.value_info.extend(g.value_info)
+    mg.initializer.extend(g.initializer)
+    mg.node.extend(nodes)
+    mg.initializer.extend(new_inits.values())
     for extra in extra_outputs or []:
         if extra not in {o.name for o in mg.output}:
             mg.output.append(helper.make_tensor_value_info(raw.get(extra, extra), onnx.TensorProto.FLOAT, None))
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
-    # Node order matters to some tools; onnxruntime sorts itself, but keep it topological.
-    _toposort_inplace(model)
     return model
-
-
-def _toposort_inplace(model: onnx.ModelProto) -> None:
-    g = model.graph
-    available = {t.name for t in g.initializer} | {i.name for i in g.input}
-    ordered = toposort(list(g.node), available)
-    del g.node[:]
-    g.node.extend(ordered)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.calib.methods import asymmetric_range, channel_thresholds, threshold
+from tuner.calib.methods import asymmetric_range, channel_thresholds
+from tuner.calib.thresholds import ThresholdMemo
 from tuner.calib.stats import TensorStats
 from tuner.candidate import Calibration
 
@@ -39,8 +40,9 @@ def method_of(cal: Calibration) -> tuple[str, float | None]:
 class ScaleTable:
     """Scales of every tensor under one explicit calibration (max / max-percentile / kl)."""
 
-    def __init__(self, stats: dict[str, TensorStats], calibration: Calibration):
+    def __init__(self, stats: dict[str, TensorStats], calibration: Calibration, memo: ThresholdMemo | None = None):
         self.stats = stats
+        self.memo = memo or ThresholdMemo(stats)
         self.calibration = calibration
         self.method, self.percentile = method_of(calibration)
         self._cache: dict[tuple[str, str], Scale] = {}
@@ -58,7 +60,7 @@ class ScaleTable:
         st = self.stats[tensor]
         qmax = QMAX[dtype]
         zdtype = np.int16 if dtype == "int16" else np.int8
-        t = threshold(st, self.method, percentile=self.percentile, qmax=qmax)
+        t = self.memo.get(tensor, self.method, self.percentile, qmax)
         if self.calibration.asymmetric and dtype == "int8":
             lo, hi = asymmetric_range(st)
             scale = (hi - lo) / 255.0 if hi > lo else 1.0

@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tuner.calib.stats import TensorStats
+from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
@@ -71,10 +72,11 @@ class Simulator:
     """Evaluates candidates of one model on one data set. Not thread-safe; one per process."""
 
     def __init__(self, model: LoadedModel, target: Target, stats: dict[str, TensorStats], data: DataSet,
-                 threads: int | None = None, session_cache: int = 4):
+                 threads: int | None = None, session_cache: int = 4, thresholds: ThresholdMemo | None = None):
         self.model = model
         self.target = target
         self.stats = stats
+        self.thresholds = thresholds or ThresholdMemo(stats)
         self.data = data
         self.threads = threads  # samples run in parallel (each session single-threaded)
         self.graph = Graph(model.proto)
@@ -99,7 +101,7 @@ class Simulator:
     # -- calibration -------------------------------------------------------------------
     def scales(self, calibration: Calibration) -> ScaleTable:
         if calibration not in self._scale_tables:
-            self._scale_tables[calibration] = ScaleTable(self.stats, calibration)
+            self._scale_tables[calibration] = ScaleTable(self.stats, calibration, self.thresholds)
         return self._scale_tables[calibration]
 
     def resolve(self, candidate: Candidate) -> tuple[Calibration, list[str]]:
@@ -133,6 +135,7 @@ class Simulator:
         t0 = time.perf_counter()
         calibration, notes = self.resolve(candidate)
         ev = self._run(candidate, calibration, per_node)
+        self.thresholds.flush()
         ev.notes = notes + ev.plan.notes
         ev.seconds = time.perf_counter() - t0
         return ev

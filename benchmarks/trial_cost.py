@@ -1,0 +1,281 @@
+"""What one search trial costs: the simulator versus the float model and versus quantize_static.
+
+    python benchmarks/trial_cost.py [--samples N] [--threads T] [--models segdepth,ppocr] [--repeat R]
+
+Not a test: it prints measurements (targets in brackets), on
+
+* ``segdepth``: the bundled example (``examples/segdepth/hb_config.yaml``; its data are written
+  by ``examples/segdepth/make_data.py`` when missing), evaluated on ``data/eval``;
+* ``ppocr``: PP-OCRv4's text detector from ``rapidocr-onnxruntime`` on scikit-image photos,
+  prepared as in ``tests/ppocr.py`` (calibration and evaluation on the same photos).
+
+For each model:
+
+* calibration data passes of the whole run (every method included) [target 1], counted by
+  wrapping ``tuner.calib.collect.collect_statistics``, and those of a second ``Workspace.open``
+  of the same inputs [0: the statistics come from the cache]; the run uses a fresh temporary
+  ``TUNER_CACHE_DIR``;
+* the float pass: a new session of the float model plus one pass over the evaluation data, run
+  the way the simulator runs its models (``make_session`` + ``run_samples``);
+* ``Simulator.evaluate`` of five candidates, each the first evaluation of that candidate after
+  set-up (no cached session; the first use of a calibration method includes its thresholds);
+* the naive path per candidate: ``tuner.simulate.oracle.ort_quantize`` (quantize_static with the
+  same scales forced, calibrating on its default 2 samples, and again on all calibration
+  samples) + a new session + the same evaluation;
+* ratios evaluate / float pass [<= 1.3] and naive / evaluate [>= 10];
+* where an evaluation's time goes: thresholds, plan + Q/DQ graph, session creation, run, scoring.
+
+Times are the median of ``--repeat`` runs (fresh simulator each run, so every evaluation stays a
+first one); the machine's other load shows up in them, so compare ratios, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SEGDEPTH = REPO / "examples" / "segdepth"
+
+
+def _median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def prepare_segdepth() -> tuple[Path, Path | None] | None:
+    cfg = SEGDEPTH / "hb_config.yaml"
+    if not cfg.is_file() or not (SEGDEPTH / "segdepth.onnx").is_file():
+        print(f"segdepth: skipped ({cfg.relative_to(REPO)} or segdepth.onnx is missing)")
+        return None
+    if not (SEGDEPTH / "data" / "cal").is_dir() or not (SEGDEPTH / "data" / "eval").is_dir():
+        print("segdepth: writing its data with examples/segdepth/make_data.py ...", flush=True)
+        subprocess.run([sys.executable, str(SEGDEPTH / "make_data.py")], check=True)
+    return cfg, SEGDEPTH / "data" / "eval"
+
+
+def prepare_ppocr(root: Path) -> tuple[Path, Path | None] | None:
+    sys.path.insert(0, str(REPO / "tests"))  # tests/ppocr.py: the preprocessing the tests use
+    from ppocr import det_model_path, write_ppocr_project
+
+    if det_model_path() is None:
+        print("ppocr: skipped (pip install --no-deps rapidocr-onnxruntime==1.4.4)")
+        return None
+    return write_ppocr_project(root / "ppocr"), None
+
+
+def candidates(ws):
+    """Five candidates: four calibrations, and max with one node on the CPU and one int16 output."""
+    from tuner.candidate import Calibration, Candidate
+
+    nodes = list(ws.graph)
+    bpu = [n for n in nodes if ws.target.bpu_capable(n.op_type) and n.op_type in ws.target.bpu_ops]
+    cpu_node = bpu[len(bpu) // 2]
+    later = [n for n in nodes[nodes.index(cpu_node) + 1:] if n in bpu and ws.target.int16_output(n.op_type)]
+    int16_node = later[0] if later else next(n for n in bpu if ws.target.int16_output(n.op_type))
+    return [
+        ("max", Candidate.make(Calibration("max"))),
+        ("kl", Candidate.make(Calibration("kl"))),
+        ("max p=0.99995", Candidate.make(Calibration("max", 0.99995))),
+        ("max per_channel", Candidate.make(Calibration("max", per_channel=True))),
+        (f"max, {cpu_node.op_type} CPU + {int16_node.op_type} int16",
+         Candidate.make(Calibration("max"), {cpu_node.name: {"ON": "CPU"}, int16_node.name: {"OutputType": "int16"}})),
+    ], (cpu_node.name, int16_node.name)
+
+
+def breakdown(ws, simulator, candidate) -> dict[str, float]:
+    """The steps of one first evaluation, timed one by one (fresh scale table and session)."""
+    import numpy as np
+
+    from tuner.metrics import Similarity
+    from tuner.simulate.plan import make_plan
+    from tuner.simulate.qdq import build_sim_model
+    from tuner.simulate.scales import ScaleTable
+    from tuner.simulate.session import make_session, run_samples
+
+    out = {}
+    t0 = time.perf_counter()
+    calibration, _ = simulator.resolve(candidate)
+    table = ScaleTable(ws.stats, calibration)
+    plan = make_plan(simulator.graph, ws.target, candidate)
+    for tensor, dtype in list(plan.edges.values()) + list(plan.cpu_reads.values()) + list(plan.outputs.items()):
+        table.get(tensor, dtype)
+    out["thresholds"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    proto = build_sim_model(ws.model.proto, simulator.graph, ws.target, plan, table, simulator.weights)
+    blob = proto.SerializeToString()
+    out["plan+graph"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    session = make_session(blob)
+    out["session"] = time.perf_counter() - t0
+    names = ws.model.output_names
+    t0 = time.perf_counter()
+    values = list(run_samples(session, names, simulator.data, simulator.threads))
+    out["run"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sims = {o: Similarity() for o in names}
+    for i, vals in enumerate(values):
+        for o, v in zip(names, vals):
+            assert np.isfinite(v).all()
+            sims[o].update(simulator.reference[i][o], v)
+    out["score"] = time.perf_counter() - t0
+    out["qdq_pairs"] = sum(n.op_type == "QuantizeLinear" for n in proto.graph.node)
+    return out
+
+
+def bench_model(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, threads: int | None,
+                repeat: int) -> None:
+    import tuner.calib.collect as collect
+
+    passes: list[int] = []
+    real = collect.collect_statistics
+
+    def counting(*a, **k):
+        passes.append(1)
+        return real(*a, **k)
+
+    collect.collect_statistics = counting  # counts every data pass of this model's whole run
+    try:
+        _bench(label, cfg, eval_dir, samples, threads, repeat, passes)
+    finally:
+        collect.collect_statistics = real
+
+
+def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, threads: int | None, repeat: int,
+           passes: list[int]) -> None:
+    from tuner.metrics import Similarity
+    from tuner.simulate import Simulator
+    from tuner.simulate.oracle import ort_quantize
+    from tuner.simulate.session import default_threads, make_session, run_samples
+    from tuner.workspace import Workspace
+
+    data_arg = [eval_dir] if eval_dir else None
+    t0 = time.perf_counter()
+    ws = Workspace.open(cfg, data=data_arg, limit=samples, threads=threads)
+    open_s = time.perf_counter() - t0
+    first_open = len(passes)
+    again = Workspace.open(cfg, data=data_arg, limit=samples, threads=threads)
+    second_open = len(passes) - first_open
+
+    names = ws.model.output_names
+    data = list(ws.eval_data)
+    n_threads = threads or default_threads()
+    print(f"\n== {label}: {cfg.relative_to(REPO) if cfg.is_relative_to(REPO) else cfg.name}, {len(ws.graph)} nodes, "
+          f"{len(ws.calibration_data)} calibration / {len(data)} evaluation samples, {n_threads} threads ==")
+
+    # The float model run the way the simulator runs its models (make_session + run_samples).
+    def float_pass():
+        session = make_session(ws.model.proto)
+        list(run_samples(session, names, data, threads))
+
+    float_s = _median_time(float_pass, max(3, repeat))
+    session = make_session(ws.model.proto)
+    float_run = _median_time(lambda: list(run_samples(session, names, data, threads)), max(3, repeat))
+
+    cands, (cpu_node, int16_node) = candidates(ws)
+    # Fresh simulators: every evaluation below is the first one of its candidate (and of its method).
+    evaluate_s = {name: [] for name, _ in cands}
+    results = {}
+    setup_s = []
+    builds = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        simulator = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads)
+        setup_s.append(time.perf_counter() - t0)
+        before = simulator.session_builds
+        for name, cand in cands:
+            t0 = time.perf_counter()
+            results[name] = simulator.evaluate(cand)
+            evaluate_s[name].append(time.perf_counter() - t0)
+        builds.append(simulator.session_builds - before)
+    evaluate_med = {k: statistics.median(v) for k, v in evaluate_s.items()}
+
+    naive_s, naive_full_s = {}, {}
+    n_cal = len(ws.calibration_data)
+    for name, cand in cands:
+        ev = results[name]
+        table = simulator.scales(ev.calibration)
+        for tensor in ws.graph.activation_tensors():  # ort_quantize reads every tensor's scale: not timed
+            if tensor in ws.stats:
+                table.get(tensor, "int8")
+
+        def naive(calib_samples=2):
+            qdq = ort_quantize(ws.model.proto, ws.graph, ev.plan, table, ws.calibration_data, calib_samples)
+            s = make_session(qdq)
+            sims = {o: Similarity() for o in names}
+            for i, outs in enumerate(run_samples(s, names, data, threads)):
+                for o, v in zip(names, outs):
+                    sims[o].update(simulator.reference[i][o], v)
+
+        naive_s[name] = _median_time(naive, 1)
+        naive_full_s[name] = _median_time(lambda: naive(n_cal), 1)
+
+    run_passes = len(passes) - second_open  # the whole run but the second open: all candidates included
+    print(f"calibration data passes: {run_passes} for the whole run, all methods [target 1] "
+          f"(first open: {first_open}, {open_s:.2f} s); second open of the same inputs: {second_open} "
+          f"(from cache: {again.stats_from_cache}) [target 0]")
+    print(f"float pass (new session + {len(data)} samples): {float_s:.3f} s (run only {float_run:.3f} s); "
+          f"simulator set-up {statistics.median(setup_s):.3f} s; sessions built per 5 candidates: {builds[0]}")
+    print(f"candidate 5 = node {cpu_node!r} on CPU + node {int16_node!r} OutputType int16")
+    header = (f"{'candidate':<34}{'evaluate':>10}{'eval/float':>12}{'naive':>10}{'naive/eval':>12}"
+              f"{'naive-all':>11}{'/eval':>8}{'cosine':>9}")
+    print(header + "\n" + "-" * len(header))
+    for name, _ in cands:
+        e, n, nf = evaluate_med[name], naive_s[name], naive_full_s[name]
+        print(f"{name:<34}{e:>9.3f}s{e / float_s:>11.2f}x{n:>9.2f}s{n / e:>11.1f}x{nf:>10.2f}s{nf / e:>7.1f}x"
+              f"{results[name].mean_cosine:>9.4f}")
+    med_e = statistics.median(evaluate_med.values())
+    med_n = statistics.median(naive_s.values())
+    med_nf = statistics.median(naive_full_s.values())
+    print(f"{'median':<34}{med_e:>9.3f}s{med_e / float_s:>11.2f}x{med_n:>9.2f}s{med_n / med_e:>11.1f}x"
+          f"{med_nf:>10.2f}s{med_nf / med_e:>7.1f}x")
+    print("targets: eval/float <= 1.3, naive/eval >= 10. naive = ort_quantize (quantize_static calibrating on its "
+          f"default 2 samples) + new session + evaluation; naive-all calibrates on all {n_cal} samples, as a "
+          "per-trial quantize_static would")
+
+    print("\nwhere a first evaluation's time goes (s):")
+    cols = ("thresholds", "plan+graph", "session", "run", "score")
+    print(f"{'candidate':<34}" + "".join(f"{c:>12}" for c in cols) + f"{'Q/DQ pairs':>12}")
+    for name, cand in cands:
+        fresh = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads)
+        b = breakdown(ws, fresh, cand)
+        print(f"{name:<34}" + "".join(f"{b[c]:>12.3f}" for c in cols) + f"{b['qdq_pairs']:>12d}")
+    print(f"{'float model':<34}" + "".join(f"{'':>12}" for _ in cols[:3]) + f"{float_run:>12.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=None, help="evaluation samples per model (default: all)")
+    p.add_argument("--threads", type=int, default=None, help="samples run at once, as Simulator(threads=) (default: all cores)")
+    p.add_argument("--models", default="segdepth,ppocr", help="comma-separated: segdepth, ppocr")
+    p.add_argument("--repeat", type=int, default=3, help="runs per timing, the median is shown (default: 3)")
+    a = p.parse_args(argv)
+    if a.samples is not None and a.samples < 1:
+        p.error("--samples must be >= 1")
+    with tempfile.TemporaryDirectory(prefix="trial_cost.") as tmp:
+        # A fresh statistics cache: the first open must make its one data pass, honestly counted.
+        os.environ["TUNER_CACHE_DIR"] = str(Path(tmp) / "cache")
+        for model in [m.strip() for m in a.models.split(",") if m.strip()]:
+            if model == "segdepth":
+                prepared = prepare_segdepth()
+            elif model == "ppocr":
+                prepared = prepare_ppocr(Path(tmp))
+            else:
+                p.error(f"unknown model {model!r}")
+            if prepared:
+                bench_model(model, *prepared, samples=a.samples, threads=a.threads, repeat=a.repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Thresholds memoised per (tensor, method, percentile, qmax), in memory and on disk.
+
+kl costs ~10 ms a tensor (hundreds of tensors in a real model), so every process computing
+it again for the same statistics would waste seconds per calibration setting. The memo is a
+small JSON file next to the cached statistics: later runs and parallel workers reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from tuner.calib.methods import threshold
+from tuner.calib.stats import TensorStats
+
+
+class ThresholdMemo:
+    def __init__(self, stats: dict[str, TensorStats], path: Path | None = None):
+        self.stats = stats
+        self.path = path
+        self._values: dict[str, float] = {}
+        self._new = False
+        if path is not None and path.is_file():
+            try:
+                self._values = {k: float(v) for k, v in json.loads(path.read_text()).items()}
+            except (OSError, ValueError, AttributeError):
+                self._values = {}  # a damaged memo is rebuilt
+
+    @staticmethod
+    def _key(tensor: str, method: str, percentile: float | None, qmax: int) -> str:
+        return f"{method}|{percentile!r}|{qmax}|{tensor}"
+
+    def get(self, tensor: str, method: str, percentile: float | None, qmax: int) -> float:
+        key = self._key(tensor, method, percentile, qmax)
+        if key not in self._values:
+            self._values[key] = threshold(self.stats[tensor], method, percentile=percentile, qmax=qmax)
+            self._new = self._new or method in ("kl", "mse")  # only the slow ones are worth a write
+        return self._values[key]
+
+    def flush(self) -> None:
+        """Write new entries (merged with what other processes wrote meanwhile), atomically."""
+        if self.path is None or not self._new:
+            return
+        try:
+            merged = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except (OSError, ValueError):
+            merged = {}
+        merged.update(self._values)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".thr-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(merged, f)
+            os.replace(tmp, self.path)
+            self._new = False
+        except OSError:
+            pass  # a read-only cache only costs time
