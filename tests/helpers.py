@@ -141,3 +141,47 @@ def write_example_project(root: Path, n_cal: int = 16, n_eval: int = 8) -> Path:
     path = root / "hb_config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def write_tiny_space(root: Path, extra: str = "", n: int = 8) -> Path:
+    """A search space over the tiny model (project in root/tiny); returns the space path."""
+    cfg = write_tiny_project(root / "tiny", n=n)
+    space = root / "space.yaml"
+    space.write_text(f"""\
+base: {cfg.relative_to(root).as_posix()}
+calibration:
+  calibration_type: [max, kl]
+  max_percentile: [1.0, 0.9999]
+  per_channel: [false, true]
+objectives:
+  mode: pareto
+study:
+  name: tiny
+  seed: 3
+  n_trials: 12
+{extra}""")
+    return space
+
+
+def write_reciprocal_project(root: Path, n: int = 6) -> Path:
+    """x -> Reciprocal -> y. Channel 0 holds values ~0.005, channel 1 ~50: one per-tensor int8
+    scale rounds channel 0 to 0 and the quantized model outputs inf; per-channel scales do not."""
+    root.mkdir(parents=True, exist_ok=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="/relu"),
+             helper.make_node("Reciprocal", ["r"], ["y"], name="/reciprocal")]
+    model = helper.make_model(helper.make_graph(nodes, "recip", [x], [y]), opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    onnx.save(model, str(root / "recip.onnx"))
+    (root / "cal").mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        a = np.empty((1, 2, 4, 4), np.float32)
+        a[:, 0] = rng.uniform(0.004, 0.006, (4, 4))
+        a[:, 1] = rng.uniform(40, 50, (4, 4))
+        a.tofile(root / "cal" / f"{i:04d}.bin")
+    cfg = root / "hb_config.yaml"
+    cfg.write_text(TINY_YAML.replace("tiny.onnx", "recip.onnx").replace("{CAL}", "max").replace("{NODE_INFO}", "{}")
+                   .replace("1x4x16x16", "1x2x4x4"))
+    return cfg

@@ -61,6 +61,101 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    import signal
+
+    from tuner.study.runner import Search, duration, run
+    from tuner.study.results import pareto, rows
+
+    def _term(signum, frame):  # schedulers stop jobs with SIGTERM: end like Ctrl-C, storage consistent
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
+    st = search.space.study
+    n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
+    timeout = duration(args.timeout) if args.timeout is not None else duration(st["timeout"])
+    seed = args.seed if args.seed is not None else st["seed"]
+    for w in search.ws.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    r = search.resolved
+    print(f"study {search.name}: {len(r.decisions)} node decision(s), calibration knobs "
+          f"{', '.join(r.calibration_params) or 'fixed'}; mode {search.mode}; storage "
+          f"{search.storage_url and __import__('tuner.study.runner', fromlist=['redact']).redact(search.storage_url) or search.paths.journal}")
+    study, info = run(search, n_trials, timeout, args.jobs, seed, retry_failed=args.retry_failed)
+    if info["zombies"]:
+        print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}")
+    _print_summary(study, search.paths, search.mode, search.space.objectives["min_accuracy"])
+    if info.get("stopped"):
+        print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
+        return 1
+    if info["interrupted"]:
+        print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _print_summary(study, paths, mode: str, min_accuracy) -> None:
+    from tuner.report.text import table
+    from tuner.study.results import best, pareto, rows
+    from optuna.trial import TrialState
+
+    rs = rows(study)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    n_fail = sum(s == TrialState.FAIL for s in states)
+    print(f"\n{len(rs)} completed trial(s), {n_fail} failed, {sum(s == TrialState.RUNNING for s in states)} running")
+    front = pareto(rs)
+    if front:
+        b = best(rs, mode, min_accuracy)
+        print("\nPareto front (accuracy up, modeled latency down):")
+        print(table(["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"],
+                    [[("*" if b and r.number == b.number else " ") + str(r.number), f"{r.accuracy:.6f}",
+                      f"{r.latency_ms:.3f}", str(r.counts["subgraphs"]), str(r.counts["cpu_nodes"]),
+                      str(r.counts["int16_nodes"]), r.calibration, r.plan or ""] for r in front]))
+    elif rs:
+        print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
+    if paths.best.exists():
+        print(f"\nbest: {paths.best}   Pareto configs: {paths.pareto}/   trials: {paths.trials_csv}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tuner.study.runner import open_existing, study_info
+
+    study, paths = open_existing(args.study, args.storage, args.results_dir)
+    info = study_info(study)
+    print(f"study {study.study_name}: mode {info['mode']}, march {info['march']}, base {info['base_path']}")
+    _print_summary(study, paths, info["mode"], info["objectives"].get("min_accuracy"))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path as P
+
+    from tuner.study.results import best, rows
+    from tuner.study.runner import export_trial, open_existing, study_info
+
+    study, paths = open_existing(args.study, args.storage, args.results_dir)
+    info = study_info(study)
+    rs = rows(study)
+    if args.trial is not None:
+        match = [r for r in rs if r.number == args.trial]
+        if not match:
+            raise TunerError(f"trial {args.trial} of study {study.study_name!r} is not a completed trial; "
+                             f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
+        row = match[0]
+    else:
+        row = best(rs, info["mode"], info["objectives"].get("min_accuracy"))
+        if row is None:
+            raise TunerError(f"study {study.study_name!r} has no feasible completed trial to export yet")
+    out = P(args.out) if args.out else paths.root / f"trial_{row.number:05d}.yaml"
+    notes = export_trial(row, out, P(info["base_path"]), info.get("node_info_supported", True), None,
+                         {"study": study.study_name, **info["fingerprints"]})
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    print(f"wrote {out} (trial {row.number}: accuracy {row.accuracy:.6f}, modeled latency {row.latency_ms:.3f} ms)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
@@ -78,12 +173,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nodes", action="store_true", help="skip the per-node table (faster)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("search", help="search node placement, int16 and calibration; resumes an existing study",
+                       description="Start, or continue, an Optuna study over the space file's knobs. Results are "
+                                   "rewritten as they improve: results/<study>/best.yaml, pareto/, trials.csv.")
+    p.add_argument("space", help="search space YAML (see search_spaces/README.md)")
+    p.add_argument("--study", help="study name (default: study.name in the space, else the file name)")
+    p.add_argument("--n-trials", type=int, help="run until the study holds this many completed trials")
+    p.add_argument("--timeout", help="stop after this long (seconds, or 30m, 8h)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes on this machine (default 1)")
+    p.add_argument("--storage", help="Optuna storage URL (default: a journal file in results/<study>/)")
+    p.add_argument("--seed", type=int, help="sampler seed (default: study.seed in the space)")
+    p.add_argument("--threads", type=int, help="evaluation threads per worker (default: all cores)")
+    p.add_argument("--retry-failed", action="store_true", help="re-run trials a killed process left unfinished")
+    p.add_argument("--results-dir", default="results", help="where study folders go (default: results)")
+    p.set_defaults(func=cmd_search)
+
+    for name, func, helptext in (("status", cmd_status, "trials, best and Pareto front of a study"),
+                                 ("export", cmd_export, "write a trial's hb_mapper YAML (default: the best)")):
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        p.add_argument("study", help="study name (results/<name>) or its folder")
+        p.add_argument("--storage", help="Optuna storage URL, when the study is not in results/")
+        p.add_argument("--results-dir", default="results", help="where study folders are (default: results)")
+        if name == "export":
+            p.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
+            p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml)")
+        p.set_defaults(func=func)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial drowns the progress bar
+    except ImportError:
+        pass
     try:
         return args.func(args)
     except TunerError as exc:

@@ -1,0 +1,185 @@
+"""The search as users run it: real Optuna, real journal files, real subprocesses."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from helpers import write_example_project, write_reciprocal_project, write_tiny_space
+from tuner.inputs.config import load_config
+from tuner.study.results import best, rows
+from tuner.study.runner import Search, make_storage, run
+
+
+def cli(*args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+def load(results_dir, name):
+    from tuner.study.runner import StudyPaths
+
+    return optuna.load_study(study_name=name, storage=make_storage(None, StudyPaths(results_dir / name)))
+
+
+def test_search_beats_the_all_int8_baseline_and_writes_results(tmp_path):
+    space = write_tiny_space(tmp_path)
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, info = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
+    rs = rows(study)
+    assert len(rs) == 12 and info["enqueued"] >= 4
+    baseline = next(r for r in rs if r.plan == "baseline: all-BPU int8, max")
+    top = best(rs, "pareto", None)
+    assert top.accuracy > baseline.accuracy
+    paths = search.paths
+    assert paths.best.is_file() and list(paths.pareto.glob("trial_*.yaml")) and paths.trials_csv.is_file()
+    assert f"trial {top.number}" in paths.best.read_text().splitlines()[0]
+    # every trial records what it needs to be exported and compared
+    rec = rs[0].record
+    assert {"accuracy", "latency", "counts", "candidate", "outputs", "key"} <= set(rec)
+
+
+def test_same_seed_same_trial_sequence(tmp_path):
+    def sequence(folder):
+        search = Search.open(write_tiny_space(folder), results_dir=folder / "results", quiet=True)
+        study, _ = run(search, n_trials=14, timeout=None, jobs=1, seed=11, progress=False)
+        return [t.params for t in study.trials]
+
+    assert sequence(tmp_path / "a") == sequence(tmp_path / "b")
+
+
+def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_path):
+    cfg = write_reciprocal_project(tmp_path / "r")
+    # Reciprocal on the CPU reads the dequantized Relu output: per-tensor scales round channel 0
+    # to 0 and 1/0 reaches the model output as inf (on the BPU it would saturate instead).
+    cfg.write_text(cfg.read_text().replace("node_info: {}", "node_info: {'/reciprocal': {'ON': 'CPU'}}"))
+    space = tmp_path / "space.yaml"
+    space.write_text("base: r/hb_config.yaml\nnodes:\n  exclude: [reciprocal]\n"
+                     "calibration:\n  calibration_type: [max]\n  max_percentile: [1.0]\n"
+                     "  per_channel: [false, true]\nstudy:\n  name: recip\n  n_trials: 3\n  warm_start: false\n")
+    assert load_config(cfg)
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=3, timeout=None, jobs=1, seed=0, progress=False)
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert failed and done and len(done) == 3
+    assert "non-finite" in failed[0].user_attrs["error"]
+    assert all(t.params["per_channel"] is False for t in failed)
+
+
+def test_resume_after_kill_9(tmp_path):
+    """kill -9 a search mid-trial: completed trials survive, numbering continues, the zombie is failed."""
+    cfg = write_example_project(tmp_path / "ex", n_cal=8, n_eval=24)
+    space = tmp_path / "space.yaml"
+    space.write_text(f"base: {cfg.relative_to(tmp_path).as_posix()}\nnodes:\n  top_k: 6\n"
+                     "study:\n  name: kill\n  n_trials: 200\n  warm_start: false\n")
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "search", str(space), "--threads", "1"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = tmp_path / "results" / "kill" / "study.journal"
+    deadline = time.time() + 240
+    killed_with_running = False
+    try:
+        while time.time() < deadline:
+            time.sleep(0.2)
+            if not journal.exists():
+                continue
+            trials = load(tmp_path / "results", "kill").get_trials(deepcopy=False)
+            complete = [t for t in trials if t.state == TrialState.COMPLETE]
+            running = [t for t in trials if t.state == TrialState.RUNNING]
+            if len(complete) >= 3 and running:
+                os.kill(proc.pid, signal.SIGKILL)
+                killed_with_running = True
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert killed_with_running, "the search never reached 3 completed trials with one running"
+    before = load(tmp_path / "results", "kill").get_trials(deepcopy=False)
+    done_before = {t.number: t.values for t in before if t.state == TrialState.COMPLETE}
+    zombie = [t.number for t in before if t.state == TrialState.RUNNING]
+    assert zombie
+    n_target = len(done_before) + 2
+    r = cli("search", space, "--n-trials", n_target, "--threads", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"as failed: {zombie}" in r.stdout
+    after = load(tmp_path / "results", "kill").get_trials(deepcopy=False)
+    for number, values in done_before.items():
+        assert after[number].state == TrialState.COMPLETE and after[number].values == values
+    assert all(after[n].state == TrialState.FAIL for n in zombie)
+    numbers = [t.number for t in after]
+    assert numbers == list(range(len(after)))
+    assert sum(t.state == TrialState.COMPLETE for t in after) == n_target
+    assert max(numbers) > max(done_before)
+
+
+def test_changed_inputs_with_the_same_study_name_are_refused(tmp_path):
+    space = write_tiny_space(tmp_path)
+    assert cli("search", space, "--n-trials", 4, cwd=tmp_path).returncode == 0
+    cal = tmp_path / "tiny" / "cal" / "0000.bin"
+    data = bytearray(cal.read_bytes())
+    data[:4] = b"\x00\x00\x80\x3f"
+    cal.write_bytes(bytes(data))
+    r = cli("search", space, "--n-trials", 6, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "was made from other inputs (data" in r.stderr and "--study NEW_NAME" in r.stderr
+    # a new name is a new study
+    assert cli("search", space, "--n-trials", 4, "--study", "tiny2", cwd=tmp_path).returncode == 0
+
+
+def test_export_keeps_the_users_keys_and_eval_reproduces_the_trial(tmp_path):
+    space = write_tiny_space(tmp_path)
+    base = tmp_path / "tiny" / "hb_config.yaml"
+    base.write_text(base.read_text().replace("  debug: False", "  debug: True\n  jobs: 4")
+                    .replace("output_model_file_prefix: 'tiny'", "output_model_file_prefix: 'tiny_custom'"))
+    before = base.read_bytes()
+    assert cli("search", space, "--n-trials", 10, cwd=tmp_path).returncode == 0
+    out = tmp_path / "exported" / "tiny_best.yaml"
+    r = cli("export", "tiny", "--out", out, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert base.read_bytes() == before                     # the user's YAML is untouched
+    cfg = load_config(out)                                 # passes the hb_mapper schema rules
+    raw = yaml.safe_load(out.read_text())
+    assert raw["compiler_parameters"]["jobs"] == 4 and raw["compiler_parameters"]["debug"] is True
+    assert raw["model_parameters"]["output_model_file_prefix"] == "tiny_custom"
+    assert cfg.onnx_model == (tmp_path / "tiny" / "tiny.onnx").resolve()  # relative paths still resolve
+    study = load(tmp_path / "results", "tiny")
+    rs = rows(study)
+    trial = best(rs, "pareto", None)
+    assert f"trial {trial.number}" in out.read_text()
+    ev = json.loads(cli("eval", out, "--json", "--no-nodes", cwd=tmp_path).stdout)
+    for name, metrics in trial.record["outputs"].items():
+        assert ev["outputs"][name]["cosine"] == pytest.approx(metrics["cosine"], abs=1e-9)
+    # refusing to overwrite the input YAML
+    r = cli("export", "tiny", "--out", base, cwd=tmp_path)
+    assert r.returncode == 2 and "refusing to overwrite your input YAML" in r.stderr
+    assert base.read_bytes() == before
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("base: tiny/hb_config.yaml\nnodes: [1, 2]\n", "nodes: expected a mapping"),
+    ("base: tiny/hb_config.yaml\nstudy:\n  sampler: cmaes\n", "study.sampler: must be one of"),
+    ("base: tiny/hb_config.yaml\ncalibration:\n  per_channel: [yes]\n", "repeated values"),
+    ("base: tiny/hb_config.yaml\ncalibration:\n  max_percentile: [1.5]\n", "values must be in (0, 1]"),
+    ("{{{", "invalid YAML"),
+])
+def test_bad_space_files_exit_2(tmp_path, text, fragment):
+    write_tiny_space(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text if "per_channel: [yes]" not in text else text.replace("[yes]", "[yes, true]"))
+    r = cli("search", bad, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("tuner: error:")]
+    assert len(lines) == 1 and fragment in lines[0], r.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_status_and_export_of_unknown_study(tmp_path):
+    r = cli("status", "nothing", cwd=tmp_path)
+    assert r.returncode == 2 and "no study 'nothing'" in r.stderr

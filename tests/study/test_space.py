@@ -1,0 +1,124 @@
+import onnx
+import pytest
+
+from helpers import build_tiny_model, write_tiny_space
+from tuner.candidate import Calibration, Candidate
+from tuner.errors import TunerError
+from tuner.graph import Graph, load_target
+from tuner.simulate.plan import make_plan
+from tuner.study.space import (choice_setting, load_space, node_choices, parse_duration, resolve, setting_choice,
+                               tie_key)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return Graph(onnx.shape_inference.infer_shapes(build_tiny_model()))
+
+
+def test_defaults_fill_what_the_file_leaves_out(tmp_path):
+    space = load_space(write_tiny_space(tmp_path))
+    assert space.nodes["select"] == "bpu" and space.nodes["placement"] == ["BPU", "CPU"]
+    assert space.objectives["accuracy"] == "mean_cosine"
+    assert space.name == "tiny"
+    assert space.base == (tmp_path / "tiny" / "hb_config.yaml").resolve()
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    ("nodes:\n  placment: [BPU]\n", "nodes.placment: unknown key (did you mean 'placement'?)"),
+    ("nodes:\n  precision: [int4]\n", "nodes.precision: 'int4' is not one of"),
+    ("nodes:\n  pattern: '(['\n", "nodes.pattern: invalid regular expression"),
+    ("nodes:\n  top_k: 0\n", "nodes.top_k: expected a positive integer"),
+    ("mode: pareto=>mode: fastest", "objectives.mode: must be one of"),
+    ("objectives:\n  accuracy: f1\n", "objectives.accuracy: expected mean_cosine"),
+    ("study:\n  timeout: soon\n", "study.timeout: expected seconds or a duration"),
+])
+def test_bad_space_files_name_the_key(tmp_path, extra, fragment):
+    path = write_tiny_space(tmp_path)
+    text = path.read_text()
+    section = extra.split(":", 1)[0]
+    if "=>" in extra:
+        old, new = extra.split("=>")
+        text = text.replace(old, new)
+    elif f"\n{section}:" in "\n" + text:  # merge into the existing section instead of repeating it
+        head, body = extra.split("\n", 1)
+        text = text.replace(f"{head}\n", f"{head}\n{body}", 1)
+    else:
+        text += extra
+    path.write_text(text)
+    with pytest.raises(TunerError) as err:
+        load_space(path)
+    assert fragment in str(err.value)
+
+
+def test_latency_mode_needs_a_floor(tmp_path):
+    path = write_tiny_space(tmp_path)
+    path.write_text(path.read_text().replace("mode: pareto", "mode: latency"))
+    with pytest.raises(TunerError, match="set objectives.min_accuracy"):
+        load_space(path)
+
+
+def test_missing_base_and_hb_yaml_given_as_space(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("base: nope.yaml\n")
+    with pytest.raises(TunerError, match="base: 'nope.yaml' not found"):
+        load_space(p)
+    cfg = write_tiny_space(tmp_path).parent / "tiny" / "hb_config.yaml"
+    with pytest.raises(TunerError, match="this is an hb_mapper YAML, not a search space"):
+        load_space(cfg)
+
+
+def test_node_choices_follow_the_target_tables():
+    t = load_target("bayes-e")
+    prec = ["int8", "int16_input", "int16_output", "int16"]
+    assert node_choices("Conv", t, ["BPU", "CPU"], prec) == ["BPU", "CPU"]        # no int16 Conv on X5
+    assert node_choices("Sigmoid", t, ["BPU", "CPU"], prec) == ["BPU", "BPU:int16_input", "BPU:int16_output",
+                                                                 "BPU:int16", "CPU"]
+    assert node_choices("Greater", t, ["BPU", "CPU"], prec) == ["BPU", "BPU:int16_input", "CPU"]  # input only
+    assert node_choices("Where", t, ["BPU", "CPU"], prec) == ["CPU"]
+
+
+def test_choices_round_trip_through_node_info():
+    t = load_target("bayes-e")
+    for op, choice in [("Sigmoid", "BPU:int16"), ("Sigmoid", "BPU:int16_input"), ("Conv", "CPU"), ("Conv", "BPU"),
+                       ("Softmax", "BPU"), ("Softmax", "CPU"), ("Mul", "BPU:int16_output")]:
+        assert setting_choice(choice_setting(choice, op, t), op, t) == choice
+    assert choice_setting("BPU", "Conv", t).empty          # hb_mapper's default: no entry written
+    assert choice_setting("BPU", "Softmax", t).on == "BPU"  # default-CPU op must be forced
+
+
+def test_resolve_decisions_and_candidates(tmp_path, graph):
+    space = load_space(write_tiny_space(tmp_path))
+    t = load_target("bayes-e")
+    r = resolve(space, graph, t, Candidate.make(Calibration("max")))
+    params = {d.param: d.choices[-1] for d in r.decisions}      # every free node on CPU
+    params.update(calibration_type="max", max_percentile=0.9999, per_channel=True)
+    cand = r.candidate(params)
+    assert cand.calibration == Calibration("max", 0.9999, True)
+    plan = make_plan(graph, t, cand)
+    assert set(plan.cpu_nodes) >= {d.nodes[0] for d in r.decisions}
+    # parameters for a known candidate reproduce it
+    assert r.candidate(r.params_for(cand.calibration, params)) == cand
+    # kl ignores the percentile: two parameter sets, one candidate
+    a = r.candidate(dict(params, calibration_type="kl", max_percentile=1.0))
+    b = r.candidate(dict(params, calibration_type="kl", max_percentile=0.9999))
+    assert a == b
+
+
+def test_top_k_keeps_the_most_sensitive(tmp_path, graph):
+    path = write_tiny_space(tmp_path, extra="")
+    path.write_text(path.read_text() + "nodes:\n  top_k: 2\n")
+    space = load_space(path)
+    sens = {n.name: float(i) for i, n in enumerate(graph)}  # later nodes "more sensitive"
+    r = resolve(space, graph, load_target("bayes-e"), Candidate.make(), sens)
+    free = [n for d in r.decisions for n in d.nodes]
+    assert len(free) == 2 and all(sens[n] >= sorted(sens.values())[-4] for n in free)
+
+
+def test_tie_repeated_blocks():
+    assert tie_key("/blocks.3/attn/Softmax") == tie_key("/blocks.11/attn/Softmax") == "/blocks.*/attn/Softmax"
+    assert tie_key("/enc2/conv") == "/enc2/conv"
+
+
+def test_durations():
+    assert parse_duration("8h", "x") == 8 * 3600 and parse_duration("30m", "x") == 1800
+    assert parse_duration(90, "x") == 90 and parse_duration(None, "x") is None

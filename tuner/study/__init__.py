@@ -1,0 +1,1 @@
+"""The search: space files, the Optuna study, its results."""

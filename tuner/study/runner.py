@@ -1,0 +1,543 @@
+"""The search: an Optuna study over a resolved space, run, resumed and exported as it goes.
+
+``Search`` loads everything once (workspace, cost model, sensitivity, decisions), then
+creates or resumes the study (refusing to resume one made from other inputs), enqueues the
+baselines, and optimises. After every completed trial that changes the result, ``best.yaml``
+and ``pareto/`` are rewritten atomically, so a run stopped at 3 a.m. still leaves the best
+configuration found so far.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from tuner import __version__
+from tuner.candidate import Calibration, Candidate
+from tuner.cost import CostModel
+from tuner.errors import TunerError
+from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
+from tuner.inputs.model import file_fingerprint
+from tuner.metrics.accuracy import accuracy
+from tuner.sensitivity import cached_sensitivity, leave_one_float
+from tuner.study import results
+from tuner.study.space import ResolvedSpace, SearchSpace, load_space, parse_duration, resolve, setting_choice
+from tuner.workspace import Workspace
+
+STUDY_ATTR = "tuner"
+FINGERPRINTS = ("model", "data", "base_config", "space")
+
+
+@dataclass
+class StudyPaths:
+    root: Path
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "study.journal"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best.yaml"
+
+    @property
+    def pareto(self) -> Path:
+        return self.root / "pareto"
+
+    @property
+    def sensitivity(self) -> Path:
+        return self.root / "sensitivity.json"
+
+    @property
+    def trials_csv(self) -> Path:
+        return self.root / "trials.csv"
+
+
+def make_storage(url: str | None, paths: StudyPaths):
+    """Default: an Optuna journal file in the study folder (multi-process safe, cheap writes);
+    else any Optuna storage URL (sqlite:///..., postgresql://...) or a journal file path."""
+    if url is None:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(paths.journal)))
+    if "://" in url:
+        try:
+            return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
+        except Exception as exc:  # bad URL, missing driver, unreachable server
+            raise TunerError(f"--storage: cannot open {redact(url)}: {type(exc).__name__}: {exc}") from None
+    path = Path(url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password, for messages and reports."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Search:
+    space: SearchSpace
+    ws: Workspace
+    resolved: ResolvedSpace
+    cost: CostModel
+    paths: StudyPaths
+    name: str
+    storage_url: str | None
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    _done: dict[str, tuple[int, list[float], dict]] = field(default_factory=dict)
+    _last_written: tuple | None = None
+
+    # ---------------------------------------------------------------- set-up
+    @classmethod
+    def open(cls, space_path: str | Path, name: str | None = None, storage: str | None = None,
+             results_dir: str | Path = "results", threads: int | None = None, quiet: bool = False) -> "Search":
+        from tuner.workspace import progress_printer
+
+        space = load_space(space_path)
+        name = name or space.name
+        paths = StudyPaths(Path(results_dir) / name)
+        ws = Workspace.open(space.base, data=space.eval_data, limit=space.raw["eval_limit"], march=space.raw["march"],
+                            threads=threads, progress=None if quiet else progress_printer("calibration statistics"))
+        base = ws.base_candidate()
+        cost = CostModel(ws.graph, ws.target)
+        sensitivity: dict[str, float] = {}
+        metric = space.objectives["accuracy"]
+        if space.nodes["top_k"] is not None or space.study["warm_start"]:
+            from tuner.study.space import free_nodes
+
+            nodes = free_nodes(space, ws.graph, ws.target)
+            ref = Candidate.make(_reference_calibration(space, base), dict(base.nodes), base.optimization)
+            key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
+                            ref.key(), metric, ws.target.march, ",".join(nodes)])
+            sensitivity = cached_sensitivity(
+                paths.sensitivity, key,
+                lambda: leave_one_float(ws.simulator, ref, nodes, metric,
+                                        None if quiet else progress_printer("node sensitivity")))
+        resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
+        return cls(space=space, ws=ws, resolved=resolved, cost=cost, paths=paths, name=name, storage_url=storage,
+                   sensitivity=sensitivity)
+
+    def fingerprints(self) -> dict[str, str]:
+        return {"model": self.ws.model.fingerprint, "data": self.ws.calibration_data.fingerprint(),
+                "eval_data": self.ws.eval_data.fingerprint(), "base_config": file_fingerprint(self.space.base),
+                "space": self.resolved.fingerprint()}
+
+    @property
+    def mode(self) -> str:
+        return self.space.objectives["mode"]
+
+    def directions(self) -> list[str]:
+        return {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"], "latency": ["minimize"]}[self.mode]
+
+    def sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
+        kind = self.space.study["sampler"]
+        if kind == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if kind == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed)
+        # Multivariate TPE models interactions between node decisions (the 5.0 multi-objective
+        # default is independent TPE, ~8x slower per trial at 200 parameters); constant_liar keeps
+        # parallel workers from proposing the same candidate.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                          n_startup_trials=max(10, len(self.warm_start_plans())))
+
+    def study(self, seed: int | None = None, create: bool = True) -> optuna.Study:
+        storage = make_storage(self.storage_url, self.paths)
+        attrs = {"version": __version__, "name": self.name, "mode": self.mode,
+                 "objectives": self.space.objectives, "space_path": str(self.space.path.resolve()),
+                 "base_path": str(self.space.base), "march": self.ws.target.march,
+                 "node_info_supported": self.ws.node_info_supported, "fingerprints": self.fingerprints()}
+        try:
+            study = optuna.load_study(study_name=self.name, storage=storage, sampler=self.sampler(seed))
+        except KeyError:
+            if not create:
+                raise TunerError(f"no study named {self.name!r} in {self._where()}") from None
+            study = optuna.create_study(study_name=self.name, storage=storage, directions=self.directions(),
+                                        sampler=self.sampler(seed))
+            study.set_user_attr(STUDY_ATTR, attrs)
+            return study
+        stored = study.user_attrs.get(STUDY_ATTR)
+        if not stored:
+            raise TunerError(f"study {self.name!r} in {self._where()} was not made by tuner; use another --study name")
+        changed = [k for k in FINGERPRINTS if stored["fingerprints"].get(k) != attrs["fingerprints"][k]]
+        if changed:
+            detail = ", ".join(f"{k} {stored['fingerprints'].get(k, '?')[:12]} -> {attrs['fingerprints'][k][:12]}"
+                               for k in changed)
+            raise TunerError(f"study {self.name!r} was made from other inputs ({detail}); continuing would mix results "
+                             f"of different problems: restore the inputs, or start a new study with --study NEW_NAME")
+        if [d.name.lower() for d in study.directions] != self.directions():
+            raise TunerError(f"study {self.name!r} optimises {[d.name.lower() for d in study.directions]}, the space "
+                             f"asks for {self.directions()}; use --study NEW_NAME")
+        return study
+
+    def _where(self) -> str:
+        return redact(self.storage_url) if self.storage_url else str(self.paths.journal)
+
+    # ---------------------------------------------------------------- warm start
+    def warm_start_plans(self) -> list[tuple[str, dict[str, Any]]]:
+        """Baselines first: all-BPU int8 under each calibration, then the usual manual fixes."""
+        r = self.resolved
+        c = self.space.calibration
+        plans: list[tuple[str, dict[str, Any]]] = []
+        seen = set()
+
+        def add(label: str, params: dict[str, Any]) -> None:
+            key = r.candidate(params).key()
+            if key not in seen:
+                seen.add(key)
+                plans.append((label, params))
+
+        pcts = [p for p in c["max_percentile"] if float(p) < 1.0]
+        for ctype in c["calibration_type"]:
+            for pc in (c["per_channel"] if ctype in ("max", "kl") else [False]):
+                cal = Calibration(type=ctype, per_channel=pc)
+                add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
+                if ctype == "max" and pcts:
+                    cal = Calibration(type="max", max_percentile=float(pcts[-1]), per_channel=pc)
+                    add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
+        if not self.space.study["warm_start"] or not self.sensitivity:
+            return plans
+        ref = _reference_calibration(self.space, r.base)
+        by_param = {n: d for d in r.decisions for n in d.nodes}
+        ranked = [n for n in sorted(self.sensitivity, key=lambda n: -self.sensitivity[n]) if n in by_param]
+        for k in (1, 3, 5):
+            choices = {}
+            for n in ranked:
+                d = by_param[n]
+                for want in ("BPU:int16", "BPU:int16_input"):
+                    if want in d.choices:
+                        choices[d.param] = want
+                        break
+                if len(choices) >= k:
+                    break
+            if choices:
+                add(f"manual: {len(choices)} most sensitive node(s) int16", r.params_for(ref, choices))
+        order = {n.name: i for i, n in enumerate(self.ws.graph)}
+        tail_start = int(0.8 * len(order))
+        tail = [n for n in ranked if order[n] >= tail_start and "CPU" in by_param[n].choices]
+        for k in (1, 2):
+            if len(tail) >= k:
+                add(f"manual: {k} most sensitive tail node(s) on CPU",
+                    r.params_for(ref, {by_param[n].param: "CPU" for n in tail[:k]}))
+        return plans
+
+    def enqueue_warm_start(self, study: optuna.Study) -> int:
+        if study.get_trials(deepcopy=False):
+            return 0
+        plans = self.warm_start_plans()
+        for label, params in plans:
+            study.enqueue_trial(params, user_attrs={"plan": label}, skip_if_exists=True)
+        return len(plans)
+
+    # ---------------------------------------------------------------- trials
+    def clean_zombies(self, study: optuna.Study, retry: bool = False, stale_after: float | None = None) -> list[int]:
+        """RUNNING trials whose worker is gone (dead process on this host, or silent too long) -> FAIL."""
+        host = socket.gethostname()
+        failed = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            w = t.user_attrs.get("worker") or {}
+            dead = w.get("host") == host and isinstance(w.get("pid"), int) and not _alive(w["pid"])
+            stale = (stale_after is not None and t.datetime_start is not None
+                     and time.time() - t.datetime_start.timestamp() > stale_after)
+            if dead or stale:
+                try:
+                    study.tell(t.number, state=TrialState.FAIL)
+                except Exception:
+                    continue
+                failed.append(t.number)
+                if retry and t.params:
+                    study.enqueue_trial(t.params, user_attrs={"plan": f"retry of trial {t.number}"})
+        return failed
+
+    def load_done(self, study: optuna.Study) -> None:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            rec = t.user_attrs.get(results.RECORD)
+            if rec and t.values is not None and "duplicate_of" not in rec:
+                self._done.setdefault(rec["key"], (t.number, list(t.values), rec))
+
+    def objective(self, trial: optuna.Trial) -> list[float] | float:
+        r = self.resolved
+        params = {d.param: trial.suggest_categorical(d.param, list(d.choices)) for d in r.decisions}
+        for name, values in r.calibration_params.items():
+            params[name] = trial.suggest_categorical(name, values)
+        trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
+        cand = r.candidate(params)
+        key = cand.key()
+        obj = self.space.objectives
+        if key in self._done:
+            # The same configuration was already simulated: answer from the stored result.
+            number, values, source = self._done[key]
+            self._constrain(trial, source["accuracy"], source["latency"]["total_ms"])
+            trial.set_user_attr(results.RECORD, dict(source, duplicate_of=number))
+            return values if len(values) > 1 else values[0]
+        try:
+            ev = self.ws.simulator.evaluate(cand)
+            acc = accuracy(ev.outputs, obj["accuracy"])
+            if not math.isfinite(acc):
+                raise FloatingPointError(f"accuracy is {acc}")
+        except Exception as exc:
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+            raise
+        lat = self.cost.latency(ev.plan)
+        record = {"key": key, "accuracy": acc, "outputs": ev.outputs, "latency": lat.as_dict(), "counts": ev.counts(),
+                  "calibration": {"method": ev.calibration.describe(), "requested": cand.calibration.describe()},
+                  "candidate": cand.to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes, "notes": ev.notes[:20],
+                  "seconds": ev.seconds}
+        trial.set_user_attr(results.RECORD, record)
+        self._constrain(trial, acc, lat.total_ms)
+        values = {"pareto": [acc, lat.total_ms], "accuracy": [acc], "latency": [lat.total_ms]}[self.mode]
+        self._done[key] = (trial.number, values, record)
+        return values if len(values) > 1 else values[0]
+
+    def _constrain(self, trial: optuna.Trial, acc: float, lat_ms: float) -> None:
+        obj = self.space.objectives
+        if obj["min_accuracy"] is not None:
+            trial.set_constraint("min_accuracy", float(obj["min_accuracy"]) - acc)
+        if obj["max_latency_ms"] is not None:
+            trial.set_constraint("max_latency_ms", lat_ms - float(obj["max_latency_ms"]))
+
+    # ---------------------------------------------------------------- anytime results
+    def write_results(self, study: optuna.Study, force: bool = False) -> results.Row | None:
+        rows = results.rows(study)
+        front = results.pareto(rows)
+        best = results.best(rows, self.mode, self.space.objectives["min_accuracy"])
+        state = (best.number if best else None, tuple(r.number for r in front))
+        if not force and state == self._last_written:
+            return best
+        self._last_written = state
+        if best is not None:
+            self.export(best, self.paths.best)
+        self.paths.pareto.mkdir(parents=True, exist_ok=True)
+        keep = set()
+        for r in front:
+            out = self.paths.pareto / f"trial_{r.number:05d}.yaml"
+            keep.add(out.name)
+            if not out.exists():
+                self.export(r, out)
+        for old in self.paths.pareto.glob("trial_*.yaml"):
+            if old.name not in keep:
+                old.unlink(missing_ok=True)
+        write_atomic(self.paths.trials_csv, trials_csv(rows))
+        return best
+
+    def export(self, row: results.Row, out: Path) -> list[str]:
+        return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
+                            {"study": self.name, **self.fingerprints()})
+
+
+def _reference_calibration(space: SearchSpace, base: Candidate) -> Calibration:
+    """The calibration the sensitivity ranking and manual plans use: the base YAML's if it is
+    an explicit method in the space, else the space's first."""
+    c = space.calibration
+    if base.calibration.type in ("max", "kl") and base.calibration.type in c["calibration_type"]:
+        return Calibration(type=base.calibration.type, max_percentile=base.calibration.max_percentile,
+                           per_channel=base.calibration.per_channel if base.calibration.per_channel in c["per_channel"]
+                           else c["per_channel"][0])
+    ctype = next((t for t in c["calibration_type"] if t in ("max", "kl")), "max")
+    return Calibration(type=ctype, per_channel=c["per_channel"][0])
+
+
+def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
+                 node_names: set[str] | None, provenance: dict[str, str]) -> list[str]:
+    """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes."""
+    import yaml
+
+    if not base_path.is_file():
+        raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
+    base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+    cand = Candidate.from_yaml_fields(row.record["candidate"])
+    cfg, notes = merged_config(base_raw, base_path, cand, out, node_info_supported)
+    check_rules(cfg, out, node_names)
+    rec = row.record
+    header = [f"# hb_mapper makertbin config exported by tuner {__version__} from study {provenance.get('study')!r}, "
+              f"trial {row.number}",
+              f"# simulated accuracy {rec['accuracy']:.6f}, modeled latency {rec['latency']['total_ms']:.3f} ms, "
+              f"{rec['counts']['subgraphs']} BPU subgraph(s), {rec['counts']['cpu_nodes']} CPU node(s), "
+              f"{rec['counts']['int16_nodes']} int16 node(s); calibration {rec['calibration']['method']}"]
+    header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
+    header += [f"# note: {n}" for n in notes]
+    write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
+    return notes
+
+
+def trials_csv(rows: list[results.Row]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes",
+                "calibration", "plan"])
+    for r in sorted(rows, key=lambda r: r.number):
+        w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts["subgraphs"],
+                    r.counts["cpu_nodes"], r.counts["int16_nodes"], r.calibration, r.plan or ""])
+    return buf.getvalue()
+
+
+def study_info(study: optuna.Study) -> dict[str, Any]:
+    info = study.user_attrs.get(STUDY_ATTR)
+    if not info:
+        raise TunerError(f"study {study.study_name!r} was not made by tuner")
+    return info
+
+
+def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path = "results") -> tuple[optuna.Study, StudyPaths]:
+    """A study by name (``results/<name>``) or by its folder, for status and export."""
+    p = Path(name_or_dir)
+    if p.is_dir() and (p / "study.journal").exists() and storage is None:
+        paths = StudyPaths(p)
+        name = p.name
+    else:
+        paths = StudyPaths(Path(results_dir) / name_or_dir)
+        name = name_or_dir
+        if storage is None and not paths.journal.exists():
+            raise TunerError(f"no study {name_or_dir!r}: {paths.journal} does not exist (pass --storage URL for a "
+                             "study in a database)")
+    stor = make_storage(storage, paths)
+    try:
+        study = optuna.load_study(study_name=name, storage=stor)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
+        raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; "
+                         f"it has {', '.join(names) or 'none'}") from None
+    return study, paths
+
+
+def duration(text: Any) -> float | None:
+    return parse_duration(text, "--timeout")
+
+
+def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: int | None,
+        retry_failed: bool = False, progress: bool = True) -> tuple[optuna.Study, dict[str, Any]]:
+    """Create or resume the study and optimise until it holds ``n_trials`` completed trials."""
+    study = search.study(seed)
+    zombies = search.clean_zombies(study, retry=retry_failed)
+    enqueued = search.enqueue_warm_start(study)
+    search.load_done(study)
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    info = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
+    bar = _progress(n_trials, done, timeout) if progress else None
+
+    def on_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state == TrialState.COMPLETE:
+            best = search.write_results(st)
+            if bar is not None:
+                bar.update(1)
+                if best is not None:
+                    bar.set_postfix_str(f"best #{best.number}: acc {best.accuracy:.4f}, {best.latency_ms:.3f} ms")
+        elif trial.state == TrialState.FAIL:
+            info["failed"] = info.get("failed", 0) + 1
+            streak = 0
+            for t in reversed(st.get_trials(deepcopy=False)):
+                if t.state == TrialState.FAIL:
+                    streak += 1
+                elif t.state == TrialState.COMPLETE:
+                    break
+            if streak >= 20:
+                info["stopped"] = f"20 trials in a row failed (last: {trial.user_attrs.get('error', '?')})"
+                st.stop()
+
+    stop = optuna.study.MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,))
+    try:
+        if n_trials > done:
+            if jobs <= 1:
+                study.optimize(search.objective, n_trials=None, timeout=timeout, catch=(Exception,),
+                               callbacks=[stop, on_trial], gc_after_trial=False)
+            else:
+                _run_workers(search, study, n_trials, timeout, jobs, seed, bar)
+    except KeyboardInterrupt:
+        info["interrupted"] = True
+    finally:
+        if bar is not None:
+            bar.close()
+    search.write_results(study, force=True)
+    return study, info
+
+
+def _progress(total: int, done: int, timeout: float | None):
+    from tqdm import tqdm
+
+    import sys
+
+    return tqdm(total=total, initial=min(done, total), unit="trial", file=sys.stderr, dynamic_ncols=True,
+                disable=not sys.stderr.isatty(), desc="trials")
+
+
+def _worker(spec: dict[str, Any]) -> None:
+    import signal
+
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        search = Search.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
+                             quiet=True)
+        study = search.study(spec["seed"], create=False)
+        search.load_done(study)
+        stop = optuna.study.MaxTrialsCallback(spec["n_trials"], states=(TrialState.COMPLETE,))
+        study.optimize(search.objective, n_trials=None, timeout=spec["timeout"], catch=(Exception,),
+                       callbacks=[stop, lambda st, t: search.write_results(st) if t.state == TrialState.COMPLETE else None])
+    except KeyboardInterrupt:
+        pass
+
+
+def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: float | None, jobs: int,
+                 seed: int | None, bar) -> None:
+    """``jobs`` worker processes on one study (processes, not threads: the simulator is CPU-bound)."""
+    import multiprocessing as mp
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ctx = mp.get_context("spawn")
+    procs = []
+    for i in range(jobs):
+        spec = {"space": str(search.space.path), "name": search.name, "storage": search.storage_url,
+                "results_dir": str(search.paths.root.parent), "threads": max(1, cores // jobs),
+                "seed": None if seed is None else seed + i, "n_trials": n_trials, "timeout": timeout}
+        p = ctx.Process(target=_worker, args=(spec,), daemon=False)
+        p.start()
+        procs.append(p)
+    try:
+        seen = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        while any(p.is_alive() for p in procs):
+            time.sleep(1.0)
+            now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            if bar is not None and now > seen:
+                bar.update(min(now, n_trials) - min(seen, n_trials))
+            seen = now
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()  # SIGTERM -> KeyboardInterrupt in the worker: its trial ends FAIL, storage stays consistent
+        for p in procs:
+            p.join(30)
+        raise
+    for p in procs:
+        p.join()
+
+
+__all__ = ["Search", "StudyPaths", "export_trial", "open_existing", "redact", "run", "study_info"]

@@ -1,0 +1,388 @@
+"""Search space files: what the study may change, validated on load with the key's path.
+
+A space file names the user's hb_mapper YAML (``base``) and says which nodes are free and
+which knobs the study may turn. Every key has a default in ``search_spaces/default.yaml``;
+a space file only sets what differs. :func:`resolve` then turns the rules into concrete,
+static Optuna decisions for one model and target: one categorical per free node (or per
+tied group of repeated blocks) whose choices are only the combinations the march allows,
+plus the calibration knobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.candidate import Calibration, Candidate, NodeSetting
+from tuner.errors import TunerError
+from tuner.graph import Graph, Target
+
+DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
+
+PLACEMENTS = ("BPU", "CPU")
+PRECISIONS = {"int8": (None, None), "int16_input": ("int16", None), "int16_output": (None, "int16"),
+              "int16": ("int16", "int16")}
+CALIBRATION_TYPES = ("max", "kl", "default", "mix")
+SAMPLERS = ("tpe", "random", "nsga2")
+MODES = ("pareto", "accuracy", "latency")
+ACCURACY = re.compile(r"^(mean_cosine|min_cosine|mean_sqnr|(cosine|sqnr):.+)$")
+
+
+def _defaults() -> dict[str, Any]:
+    return yaml.safe_load(DEFAULTS_PATH.read_text(encoding="utf-8"))
+
+
+def _merge(defaults: dict, given: dict, where: str, path: Path) -> dict:
+    out = copy.deepcopy(defaults)
+    for key, value in given.items():
+        if key not in defaults:
+            close = [k for k in defaults if k.startswith(str(key)[:3])]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TunerError(f"{path}: {where}{key}: unknown key{hint}; see search_spaces/README.md")
+        if isinstance(defaults[key], dict):
+            if not isinstance(value, dict):
+                raise TunerError(f"{path}: {where}{key}: expected a mapping, got {value!r}")
+            out[key] = _merge(defaults[key], value, f"{where}{key}.", path)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_duration(text: Any, where: str) -> float | None:
+    """Seconds from 3600, '90s', '30m', '8h', '1d' (None stays None)."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text <= 0:
+            raise TunerError(f"{where}: must be positive, got {text}")
+        return float(text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
+    if not m:
+        raise TunerError(f"{where}: expected seconds or a duration like 30m / 8h, got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+@dataclass
+class SearchSpace:
+    """A validated space file, with every default filled in."""
+
+    path: Path
+    raw: dict[str, Any]
+    base: Path
+    eval_data: list[Path] | None
+
+    @property
+    def nodes(self) -> dict[str, Any]:
+        return self.raw["nodes"]
+
+    @property
+    def calibration(self) -> dict[str, Any]:
+        return self.raw["calibration"]
+
+    @property
+    def objectives(self) -> dict[str, Any]:
+        return self.raw["objectives"]
+
+    @property
+    def study(self) -> dict[str, Any]:
+        return self.raw["study"]
+
+    @property
+    def name(self) -> str:
+        return self.study["name"] or self.path.stem
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.raw, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _list(where: str, value: Any, allowed: tuple | None = None, kind: type | tuple = str) -> list:
+    if not isinstance(value, list) or not value:
+        raise TunerError(f"{where}: expected a non-empty list, got {value!r}")
+    for v in value:
+        if isinstance(v, bool) and kind is not bool:
+            raise TunerError(f"{where}: {v!r} is a boolean; quote it or use the values listed in search_spaces/README.md")
+        if not isinstance(v, kind):
+            raise TunerError(f"{where}: {v!r} has the wrong type")
+        if allowed is not None and v not in allowed:
+            raise TunerError(f"{where}: {v!r} is not one of {', '.join(map(str, allowed))}")
+    if len(set(map(repr, value))) != len(value):
+        raise TunerError(f"{where}: repeated values in {value!r}")
+    return value
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    path = Path(path)
+    if not path.is_file():
+        raise TunerError(f"{path}: search space file not found")
+    try:
+        given = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise TunerError(f"{path}: invalid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    except UnicodeDecodeError:
+        raise TunerError(f"{path}: not a text file; pass a search space YAML") from None
+    if not isinstance(given, dict):
+        raise TunerError(f"{path}: expected a mapping of search space keys, got {type(given).__name__}")
+    if "model_parameters" in given:
+        raise TunerError(f"{path}: this is an hb_mapper YAML, not a search space; write a space file with "
+                         f"'base: {path.name}' (see search_spaces/README.md)")
+    raw = _merge(_defaults(), given, "", path)
+    if raw["version"] != 1:
+        raise TunerError(f"{path}: version: only version 1 exists, got {raw['version']!r}")
+    if not raw["base"] or not isinstance(raw["base"], str):
+        raise TunerError(f"{path}: base: required: the path of your hb_mapper YAML, relative to this file")
+    base = (path.parent / raw["base"]).resolve()
+    if not base.is_file():
+        raise TunerError(f"{path}: base: {raw['base']!r} not found (resolved to {base})")
+    n = raw["nodes"]
+    if n["select"] not in ("bpu", "all"):
+        raise TunerError(f"{path}: nodes.select: must be 'bpu' or 'all', got {n['select']!r}")
+    for key in ("op_types", "names", "exclude"):
+        if not isinstance(n[key], list) or not all(isinstance(v, str) for v in n[key]):
+            raise TunerError(f"{path}: nodes.{key}: expected a list of strings, got {n[key]!r}")
+    for key in ("pattern",) + tuple(f"exclude[{i}]" for i in range(len(n["exclude"]))):
+        text = n["pattern"] if key == "pattern" else n["exclude"][int(key[8:-1])]
+        if text is not None:
+            try:
+                re.compile(text)
+            except re.error as exc:
+                raise TunerError(f"{path}: nodes.{key}: invalid regular expression {text!r}: {exc}") from None
+    if n["top_k"] is not None and (isinstance(n["top_k"], bool) or not isinstance(n["top_k"], int) or n["top_k"] < 1):
+        raise TunerError(f"{path}: nodes.top_k: expected a positive integer, got {n['top_k']!r}")
+    if not isinstance(n["tie_repeated"], bool):
+        raise TunerError(f"{path}: nodes.tie_repeated: expected true or false, got {n['tie_repeated']!r}")
+    _list(f"{path}: nodes.placement", n["placement"], PLACEMENTS)
+    _list(f"{path}: nodes.precision", n["precision"], tuple(PRECISIONS))
+    c = raw["calibration"]
+    _list(f"{path}: calibration.calibration_type", c["calibration_type"], CALIBRATION_TYPES)
+    _list(f"{path}: calibration.max_percentile", c["max_percentile"], None, (int, float))
+    if not all(0.0 < float(p) <= 1.0 for p in c["max_percentile"]):
+        raise TunerError(f"{path}: calibration.max_percentile: values must be in (0, 1], got {c['max_percentile']}")
+    _list(f"{path}: calibration.per_channel", c["per_channel"], (True, False), bool)
+    o = raw["objectives"]
+    if o["mode"] not in MODES:
+        raise TunerError(f"{path}: objectives.mode: must be one of {', '.join(MODES)}, got {o['mode']!r}")
+    if not isinstance(o["accuracy"], str) or not ACCURACY.match(o["accuracy"]):
+        raise TunerError(f"{path}: objectives.accuracy: expected mean_cosine, min_cosine, mean_sqnr, "
+                         f"cosine:<output> or sqnr:<output>, got {o['accuracy']!r}")
+    for key in ("min_accuracy", "max_latency_ms"):
+        if o[key] is not None and (isinstance(o[key], bool) or not isinstance(o[key], (int, float))):
+            raise TunerError(f"{path}: objectives.{key}: expected a number, got {o[key]!r}")
+    if o["mode"] == "latency" and o["min_accuracy"] is None:
+        raise TunerError(f"{path}: objectives.mode latency minimises latency subject to an accuracy floor: "
+                         "set objectives.min_accuracy")
+    s = raw["study"]
+    if s["sampler"] not in SAMPLERS:
+        raise TunerError(f"{path}: study.sampler: must be one of {', '.join(SAMPLERS)}, got {s['sampler']!r}")
+    for key in ("seed", "n_trials"):
+        if s[key] is not None and (isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 0):
+            raise TunerError(f"{path}: study.{key}: expected a non-negative integer, got {s[key]!r}")
+    parse_duration(s["timeout"], f"{path}: study.timeout")
+    if s["name"] is not None and (not isinstance(s["name"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", s["name"])):
+        raise TunerError(f"{path}: study.name: use letters, digits, '_', '-', '.', got {s['name']!r}")
+    if not isinstance(s["warm_start"], bool):
+        raise TunerError(f"{path}: study.warm_start: expected true or false")
+    eval_data = None
+    if raw["eval_data"] is not None:
+        eval_data = [(path.parent / p).resolve() for p in str(raw["eval_data"]).split(";")]
+    if raw["eval_limit"] is not None and (isinstance(raw["eval_limit"], bool) or not isinstance(raw["eval_limit"], int)
+                                          or raw["eval_limit"] < 1):
+        raise TunerError(f"{path}: eval_limit: expected a positive integer, got {raw['eval_limit']!r}")
+    return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One categorical Optuna parameter: a free node, or a tied group of repeated nodes."""
+
+    param: str
+    nodes: tuple[str, ...]
+    choices: tuple[str, ...]
+    default_choice: str
+
+
+def tie_key(name: str) -> str:
+    """Names of repeated blocks differ only in '.N' module indices: /blocks.3/attn -> /blocks.*/attn."""
+    return re.sub(r"\.\d+", ".*", name)
+
+
+def node_choices(op_type: str, target: Target, placements: list[str], precisions: list[str]) -> list[str]:
+    """The legal choices for one node, as strings: 'BPU', 'BPU:int16_input', ..., 'CPU'."""
+    out = []
+    if "BPU" in placements and target.bpu_capable(op_type):
+        for p in precisions:
+            in16, out16 = PRECISIONS[p]
+            if in16 and not target.int16_input(op_type):
+                continue
+            if out16 and not target.int16_output(op_type):
+                continue
+            out.append("BPU" if p == "int8" else f"BPU:{p}")
+    if "CPU" in placements:
+        out.append("CPU")
+    return out
+
+
+def default_choice(op_type: str, target: Target) -> str:
+    """What hb_mapper does with no node_info entry."""
+    return "BPU" if op_type in target.bpu_ops else "CPU"
+
+
+def choice_setting(choice: str, op_type: str, target: Target) -> NodeSetting:
+    """The minimal node_info entry for a choice (nothing where hb_mapper's default already does it)."""
+    if choice == "CPU":
+        return NodeSetting(on="CPU") if op_type in target.bpu_ops else NodeSetting()
+    on = None if op_type in target.bpu_ops else "BPU"
+    precision = choice.split(":", 1)[1] if ":" in choice else "int8"
+    in16, out16 = PRECISIONS[precision]
+    return NodeSetting(on=on, input_type=in16, output_type=out16)
+
+
+def setting_choice(setting: NodeSetting, op_type: str, target: Target) -> str:
+    """Inverse of :func:`choice_setting` for the entries it writes (used to enqueue known plans)."""
+    on = setting.on or default_choice(op_type, target)
+    if on == "CPU":
+        return "CPU"
+    in16 = setting.input_type == "int16" or any(v == "int16" for _, v in setting.input_types)
+    out16 = setting.output_type == "int16"
+    return {(False, False): "BPU", (True, False): "BPU:int16_input", (False, True): "BPU:int16_output",
+            (True, True): "BPU:int16"}[(in16, out16)]
+
+
+@dataclass
+class ResolvedSpace:
+    """The concrete decisions of a space for one model and target."""
+
+    space: SearchSpace
+    target: Target
+    graph: Graph
+    base: Candidate
+    decisions: list[Decision]
+    calibration_params: dict[str, list]
+    notes: list[str] = field(default_factory=list)
+
+    def distributions(self):
+        import optuna
+
+        d = {dec.param: optuna.distributions.CategoricalDistribution(list(dec.choices)) for dec in self.decisions}
+        for name, values in self.calibration_params.items():
+            d[name] = optuna.distributions.CategoricalDistribution(values)
+        return d
+
+    def candidate(self, params: dict[str, Any]) -> Candidate:
+        nodes = dict(self.base.nodes)
+        for dec in self.decisions:
+            choice = params.get(dec.param, dec.default_choice)
+            for name in dec.nodes:
+                setting = choice_setting(choice, self.graph.by_name[name].op_type, self.target)
+                if setting.empty:
+                    nodes.pop(name, None)
+                else:
+                    nodes[name] = setting
+        cal = self.calibration_from(params)
+        return Candidate.make(cal, nodes, self.base.optimization)
+
+    def calibration_from(self, params: dict[str, Any]) -> Calibration:
+        c = self.space.calibration
+        ctype = params.get("calibration_type", c["calibration_type"][0])
+        pct = params.get("max_percentile", c["max_percentile"][0])
+        pc = params.get("per_channel", c["per_channel"][0])
+        return Calibration(type=ctype, max_percentile=float(pct) if ctype == "max" and float(pct) < 1.0 else None,
+                           per_channel=bool(pc) if ctype in ("max", "kl") else False)
+
+    def params_for(self, calibration: Calibration, choices: dict[str, str] | None = None) -> dict[str, Any]:
+        """Parameters that reproduce ``calibration`` and per-node ``choices`` (others at hb defaults)."""
+        params: dict[str, Any] = {}
+        for dec in self.decisions:
+            want = (choices or {}).get(dec.param, dec.default_choice)
+            params[dec.param] = want if want in dec.choices else dec.default_choice
+        c = self.calibration_params
+        if "calibration_type" in c:
+            params["calibration_type"] = calibration.type
+        if "max_percentile" in c:
+            pct = calibration.max_percentile if calibration.max_percentile is not None else 1.0
+            params["max_percentile"] = pct if pct in c["max_percentile"] else c["max_percentile"][0]
+        if "per_channel" in c:
+            params["per_channel"] = calibration.per_channel
+        return params
+
+    def fingerprint(self) -> str:
+        blob = json.dumps({"space": self.space.fingerprint(), "march": self.target.march,
+                           "decisions": [[d.param, list(d.nodes), list(d.choices)] for d in self.decisions],
+                           "calibration": self.calibration_params}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def free_nodes(space: SearchSpace, graph: Graph, target: Target) -> list[str]:
+    """Node names the rules leave free, in topological order (before top_k)."""
+    n = space.nodes
+    names = []
+    for node in graph:
+        if n["select"] == "bpu" and not target.bpu_capable(node.op_type):
+            continue
+        if n["op_types"] and node.op_type not in n["op_types"]:
+            continue
+        if n["pattern"] and not re.search(n["pattern"], node.name):
+            continue
+        if n["names"] and node.name not in n["names"]:
+            continue
+        if any(re.search(p, node.name) for p in n["exclude"]):
+            continue
+        if not graph.data_inputs(node):  # nothing to quantize: placement cannot matter
+            continue
+        names.append(node.name)
+    missing = [x for x in n["names"] if x not in graph.by_name]
+    if missing:
+        graph.node(missing[0])  # raises with close matches
+    return names
+
+
+def resolve(space: SearchSpace, graph: Graph, target: Target, base: Candidate,
+            sensitivity: dict[str, float] | None = None) -> ResolvedSpace:
+    n = space.nodes
+    names = free_nodes(space, graph, target)
+    notes = []
+    if n["top_k"] is not None and len(names) > n["top_k"]:
+        if sensitivity is None:
+            raise ValueError("top_k needs the sensitivity ranking")
+        ranked = sorted(names, key=lambda x: -sensitivity.get(x, 0.0))
+        keep = set(ranked[: n["top_k"]])
+        names = [x for x in names if x in keep]
+        notes.append(f"nodes.top_k: {len(names)} most sensitive nodes are free")
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        key = tie_key(name) if n["tie_repeated"] else name
+        groups.setdefault(key, []).append(name)
+    decisions = []
+    for key, members in groups.items():
+        choice_sets = [node_choices(graph.by_name[m].op_type, target, n["placement"], n["precision"]) for m in members]
+        choices = [c for c in choice_sets[0] if all(c in s for s in choice_sets[1:])]
+        first = graph.by_name[members[0]]
+        default = default_choice(first.op_type, target)
+        if len(choices) < 2:
+            continue
+        if default not in choices:
+            default = choices[0]
+        prefix = "tie:" if len(members) > 1 else "node:"
+        decisions.append(Decision(param=f"{prefix}{key}", nodes=tuple(members), choices=tuple(choices),
+                                  default_choice=default))
+    c = space.calibration
+    calibration_params = {k: list(v) for k, v in (("calibration_type", c["calibration_type"]),
+                                                   ("max_percentile", [float(p) for p in c["max_percentile"]]),
+                                                   ("per_channel", c["per_channel"])) if len(v) > 1}
+    if not decisions and not calibration_params:
+        raise TunerError(f"{space.path}: the space has nothing to search: no free node has two legal choices and "
+                         "every calibration list has one value")
+    return ResolvedSpace(space=space, target=target, graph=graph, base=base, decisions=decisions,
+                         calibration_params=calibration_params, notes=notes)
