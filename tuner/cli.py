@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per trial drowns the progress bar
+        # Optuna's INFO line per trial drowns the progress bar, and its WARNING for a failed trial
+        # carries a traceback; tuner reports failures itself, in one line with the reason.
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
     except ImportError:
         pass
     try:

@@ -197,3 +197,28 @@ def test_two_worker_processes_share_one_study(tmp_path):
     assert len(pids) == 2
     status = cli("status", "tiny", cwd=tmp_path)
     assert status.returncode == 0 and "Pareto front" in status.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, sig):
+    cfg = write_example_project(tmp_path / "ex", n_cal=8, n_eval=16)
+    space = tmp_path / "space.yaml"
+    space.write_text(f"base: {cfg.relative_to(tmp_path).as_posix()}\nnodes:\n  top_k: 4\n"
+                     "study:\n  name: stop\n  n_trials: 500\n  warm_start: false\n")
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "search", str(space), "--threads", "1"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = tmp_path / "results" / "stop" / "study.journal"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        time.sleep(0.2)
+        if journal.exists() and sum(t.state == TrialState.COMPLETE
+                                    for t in load(tmp_path / "results", "stop").get_trials(deepcopy=False)) >= 2:
+            break
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err and "run the same command again to continue" in err
+    assert "completed trial(s)" in out
+    trials = load(tmp_path / "results", "stop").get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]   # storage consistent
+    assert (tmp_path / "results" / "stop" / "best.yaml").exists()

@@ -451,6 +451,8 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
                     bar.set_postfix_str(f"best #{best.number}: acc {best.accuracy:.4f}, {best.latency_ms:.3f} ms")
         elif trial.state == TrialState.FAIL:
             info["failed"] = info.get("failed", 0) + 1
+            if "error" in trial.user_attrs:
+                _say(f"trial {trial.number} failed: {trial.user_attrs['error']}", bar)
             streak = 0
             for t in reversed(st.get_trials(deepcopy=False)):
                 if t.state == TrialState.FAIL:
@@ -478,6 +480,15 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
     return study, info
 
 
+def _say(text: str, bar) -> None:
+    import sys
+
+    if bar is not None and not bar.disable:
+        bar.write(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr)
+
+
 def _progress(total: int, done: int, timeout: float | None):
     from tqdm import tqdm
 
@@ -494,7 +505,7 @@ def _worker(spec: dict[str, Any]) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         search = Search.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
                              quiet=True)
