@@ -71,6 +71,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
+    # A process started in the background inherits SIGINT as ignored; Ctrl-C must still stop a search.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
     st = search.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]

@@ -32,7 +32,7 @@ def fusion_groups(graph: Graph, target: Target) -> list[list[Node]]:
     """Static fusion groups (longest pattern match from each head), in topological order.
 
     They depend only on the graph and the patterns, so they are computed once per graph."""
-    key = ("fusion_groups", target.fusion_patterns)
+    key = ("fusion_groups", target.fusion_patterns, target.lut_ops)
     if key not in graph.cache:
         graph.cache[key] = _fusion_groups(graph, target)
     return graph.cache[key]
@@ -52,7 +52,29 @@ def _fusion_groups(graph: Graph, target: Target) -> list[list[Node]]:
         if best:
             groups.append(best)
             taken.update(n.name for n in best)
+    # Chains of single-input element-wise ops evaluate as one lookup table.
+    for node in graph:
+        if node.name in taken or not _unary(graph, node, target):
+            continue
+        chain = [node]
+        while True:
+            last = chain[-1]
+            users = graph.consumers.get(last.outputs[0], [])
+            if len(users) != 1 or last.outputs[0] in graph.output_names:
+                break
+            nxt = users[0][0]
+            if nxt.name in taken or not _unary(graph, nxt, target):
+                break
+            chain.append(nxt)
+        if len(chain) > 1:
+            groups.append(chain)
+            taken.update(n.name for n in chain)
+    groups.sort(key=lambda g: g[0].index)
     return groups
+
+
+def _unary(graph: Graph, node: Node, target: Target) -> bool:
+    return node.op_type in target.lut_ops and len(graph.data_inputs(node)) == 1 and len(node.outputs) == 1
 
 
 def fused_edges(graph: Graph, target: Target) -> set[tuple[str, str]]:

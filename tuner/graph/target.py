@@ -30,6 +30,7 @@ class Target:
     int32_output_ops: frozenset[str]
     passive_ops: frozenset[str]
     same_scale_ops: frozenset[str]
+    lut_ops: frozenset[str]
     quantize_bias: bool
     fusion_patterns: tuple[tuple[FusionStep, ...], ...]
     max_opset: int | None
@@ -80,7 +81,8 @@ def load_target(march_or_path: str | Path) -> Target:
             int16_input_only=frozenset(raw.get("int16_input_only") or ()),
             weight_ops=weight_ops, int32_output_ops=frozenset(raw.get("int32_output_ops") or ()),
             passive_ops=frozenset(raw.get("passive_ops") or ()),
-            same_scale_ops=frozenset(raw.get("same_scale_ops") or ()), quantize_bias=bool(raw.get("quantize_bias", True)),
+            same_scale_ops=frozenset(raw.get("same_scale_ops") or ()),
+            lut_ops=frozenset(raw.get("lut_ops") or ()), quantize_bias=bool(raw.get("quantize_bias", True)),
             fusion_patterns=tuple(patterns), max_opset=limits.get("max_opset"),
             max_ir_version=limits.get("max_ir_version"), raw=raw)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -92,7 +92,7 @@ def ort_semantics(target: Target) -> Target:
     needs the same rules.
     """
     return dataclasses.replace(
-        target, fusion_patterns=(), int32_output_ops=frozenset(), quantize_bias=False,
+        target, fusion_patterns=(), lut_ops=frozenset(), int32_output_ops=frozenset(), quantize_bias=False,
         passive_ops=frozenset({"Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split",
                                "Gather", "GatherElements", "MaxPool", "TopK"}),
         same_scale_ops=frozenset({"Resize", "AveragePool"}))

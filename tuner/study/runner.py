@@ -21,7 +21,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import TrialState
 
 from tuner import __version__
@@ -70,7 +70,7 @@ def make_storage(url: str | None, paths: StudyPaths):
     else any Optuna storage URL (sqlite:///..., postgresql://...) or a journal file path."""
     if url is None:
         paths.root.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(paths.journal)))
+        return journal_storage(paths.journal)
     if "://" in url:
         try:
             return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
@@ -78,7 +78,20 @@ def make_storage(url: str | None, paths: StudyPaths):
             raise TunerError(f"--storage: cannot open {redact(url)}: {type(exc).__name__}: {exc}") from None
     path = Path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    return journal_storage(path)
+
+
+def journal_storage(path: Path) -> JournalStorage:
+    """A journal file storage that survives ``kill -9`` of a writer.
+
+    The path is made absolute: Optuna's symlink lock stats its target through the link, and a
+    relative target resolves against the link's folder, so a stale lock left by a killed
+    process was never recognised and the next writer spun forever. A live writer holds the
+    lock for milliseconds, so a lock older than 10 s is reclaimed.
+    """
+    path = path.resolve()
+    lock = JournalFileSymlinkLock(str(path), grace_period=10)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
 
 
 def redact(url: str) -> str:
