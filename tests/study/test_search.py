@@ -230,3 +230,16 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, sig):
     trials = load(tmp_path / "results", "stop").get_trials(deepcopy=False)
     assert not [t for t in trials if t.state == TrialState.RUNNING]   # storage consistent
     assert (tmp_path / "results" / "stop" / "best.yaml").exists()
+
+
+def test_sqlite_storage_url_and_a_measured_profile(tmp_path):
+    space = write_tiny_space(tmp_path)
+    (tmp_path / "profile.yaml").write_text("/stem/Conv: {bpu_ms: 40.0, cpu_ms: 400.0}\n")
+    space.write_text(space.read_text() + "profile: profile.yaml\n")
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    r = cli("search", space, "--n-trials", 5, "--storage", url, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    study = optuna.load_study(study_name="tiny", storage=url)
+    rs = rows(study)
+    assert len(rs) == 5 and all(r.latency_ms > 40.0 for r in rs)   # the profile's 40 ms is in every trial
+    assert cli("status", "tiny", "--storage", url, cwd=tmp_path).returncode == 0

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 from tuner import __version__
 from tuner.candidate import Calibration, Candidate
 from tuner.cost import CostModel
+from tuner.cost.latency import load_profile
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.inputs.model import file_fingerprint
@@ -139,7 +140,7 @@ class Search:
         ws = Workspace.open(space.base, data=space.eval_data, limit=space.raw["eval_limit"], march=space.raw["march"],
                             threads=threads, progress=None if quiet else progress_printer("calibration statistics"))
         base = ws.base_candidate()
-        cost = CostModel(ws.graph, ws.target)
+        cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
         sensitivity: dict[str, float] = {}
         metric = space.objectives["accuracy"]
         if space.nodes["top_k"] is not None or space.study["warm_start"]:

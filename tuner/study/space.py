@@ -77,6 +77,7 @@ class SearchSpace:
     raw: dict[str, Any]
     base: Path
     eval_data: list[Path] | None
+    profile: Path | None = None
 
     @property
     def nodes(self) -> dict[str, Any]:
@@ -197,7 +198,12 @@ def load_space(path: str | Path) -> SearchSpace:
     if raw["eval_limit"] is not None and (isinstance(raw["eval_limit"], bool) or not isinstance(raw["eval_limit"], int)
                                           or raw["eval_limit"] < 1):
         raise TunerError(f"{path}: eval_limit: expected a positive integer, got {raw['eval_limit']!r}")
-    return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data)
+    profile = None
+    if raw["profile"] is not None:
+        profile = (path.parent / str(raw["profile"])).resolve()
+        if not profile.is_file():
+            raise TunerError(f"{path}: profile: {raw['profile']!r} not found (resolved to {profile})")
+    return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, profile=profile)
 
 
 # --------------------------------------------------------------------------- resolution
