@@ -243,3 +243,15 @@ def test_sqlite_storage_url_and_a_measured_profile(tmp_path):
     rs = rows(study)
     assert len(rs) == 5 and all(r.latency_ms > 40.0 for r in rs)   # the profile's 40 ms is in every trial
     assert cli("status", "tiny", "--storage", url, cwd=tmp_path).returncode == 0
+
+
+def test_resuming_with_the_same_seed_does_not_replay_earlier_proposals(tmp_path):
+    space = write_tiny_space(tmp_path)
+    space.write_text(space.read_text().replace("  seed: 3\n", "  seed: 3\n  sampler: random\n  warm_start: false\n"))
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    run(search, n_trials=8, timeout=None, jobs=1, seed=3, progress=False)
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=16, timeout=None, jobs=1, seed=3, progress=False)
+    rs = rows(study)
+    assert len(rs) == 16
+    assert not [r for r in rs if "duplicate_of" in r.record]

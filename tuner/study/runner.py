@@ -209,6 +209,12 @@ class Search:
         if [d.name.lower() for d in study.directions] != self.directions():
             raise TunerError(f"study {self.name!r} optimises {[d.name.lower() for d in study.directions]}, the space "
                              f"asks for {self.directions()}; use --study NEW_NAME")
+        n = len(study.get_trials(deepcopy=False))
+        if seed is not None and n:
+            # Resuming: a sampler seeded as at the start would make its first proposals again
+            # (RandomSampler, TPE's random draws); they come back as duplicates that use up the
+            # budget. Seed from (seed, trials so far) instead: reproducible, never a replay.
+            study.sampler = self.sampler(_resume_seed(seed, n))
         return study
 
     def _where(self) -> str:
@@ -364,6 +370,12 @@ class Search:
     def export(self, row: results.Row, out: Path) -> list[str]:
         return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
                             {"study": self.name, **self.fingerprints()})
+
+
+def _resume_seed(seed: int, n_trials: int) -> int:
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, n_trials]).generate_state(1)[0])
 
 
 def _reference_calibration(space: SearchSpace, base: Candidate) -> Calibration:

@@ -1,0 +1,258 @@
+"""What ``tuner search`` gets for its time: trials per hour, and TPE against random search.
+
+    python benchmarks/search.py [--budgets 25,50,100] [--seed 0] [--timing-trials 200] [--incremental] [--quick]
+
+Not a test: it prints measurements (targets in brackets), on the bundled example
+(``examples/segdepth/search.yaml``; its data are written by ``examples/segdepth/make_data.py``
+when missing), with fresh temporary results folders and a fresh temporary ``TUNER_CACHE_DIR``.
+
+1. **Trials per hour** of the real CLI (``python -m tuner search SPACE --n-trials N --jobs J``) in a
+   subprocess, for ``--jobs 1`` and ``--jobs 2``. A first one-trial run fills the calibration
+   statistics cache; then each J runs a new study to ``N0 = 20`` trials and another to
+   ``N = --timing-trials`` trials. Both commands pay the same start-up (imports, workspace,
+   node sensitivity, which is cached per study folder, worker spawn, the 11 warm-start trials), so
+   ``(wall(N) - wall(N0)) / (n(N) - n(N0))`` is the cost of one sampled trial (the sampler's
+   suggestion, the simulation, the journal and anytime-result writes), n being the completed
+   trials each study ends with. Ratio jobs 2 / jobs 1 [goal of issue 6: >= 1.8 on 2 cores].
+
+2. **Search quality against random search** at equal budget and seed, with the library API
+   (``Search.open`` + ``run(jobs=1)``), one study per method:
+
+   * ``tpe``: the space as shipped (multivariate TPE, warm start on);
+   * ``random``: the same space with ``study.sampler: random`` and nothing enqueued (plain random
+     search);
+   * ``random+warm``: random sampler, after the same warm-start trials as ``tpe``.
+
+   The spaces are copies of the shipped one in a temporary folder (``base`` and ``eval_data``
+   rewritten to absolute paths, ``study.sampler`` changed); their free nodes and choices are checked
+   to be the same for every method. For each budget B: the best accuracy over the completed trials,
+   the lowest modeled latency among feasible trials (accuracy >= ``objectives.min_accuracy``), the
+   hypervolume of the feasible Pareto front (accuracy up, latency down) and the number of trials
+   answered from storage (records with ``duplicate_of``, which still count as completed trials).
+
+   The hypervolume's reference point is accuracy = ``min_accuracy`` and latency = 1.1 x the largest
+   modeled latency of any trial of any method; it is printed, and shown as a percentage of the box
+   [min_accuracy, 1] x [0, reference latency] (1 = the highest cosine).
+
+   By default each method's study runs once to the largest budget and budget B reads its first B
+   completed trials (with ``jobs=1`` that is exactly the study an uninterrupted run to B trials
+   holds). ``--incremental`` instead continues the study with one ``run()`` per budget, as running
+   ``tuner search`` again with a larger ``--n-trials`` does: the sampler is rebuilt with the same
+   seed on every resume, so it proposes its earlier random draws again (see the duplicates column).
+
+``--quick``: budgets 10,20, timing with jobs 1 only and 60 trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SEGDEPTH = REPO / "examples" / "segdepth"
+SPACE = SEGDEPTH / "search.yaml"
+N0 = 20  # trials of the short timing run: more than the example's 11 warm-start trials
+
+
+def prepare_data() -> None:
+    if not (SEGDEPTH / "data" / "cal").is_dir() or not (SEGDEPTH / "data" / "eval").is_dir():
+        print("segdepth: writing its data with examples/segdepth/make_data.py ...", flush=True)
+        subprocess.run([sys.executable, str(SEGDEPTH / "make_data.py")], check=True)
+
+
+# ---------------------------------------------------------------------------- 1. trials per hour
+def cli_search(results: Path, study: str, n_trials: int, jobs: int, seed: int) -> tuple[float, int]:
+    """Wall time of one ``tuner search`` command, and the completed trials its study ends with."""
+    cmd = [sys.executable, "-m", "tuner", "search", str(SPACE.relative_to(REPO)), "--n-trials", str(n_trials),
+           "--jobs", str(jobs), "--seed", str(seed), "--study", study, "--results-dir", str(results)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    with open(results / study / "trials.csv", newline="") as f:
+        completed = sum(1 for _ in csv.DictReader(f))
+    return wall, completed
+
+
+def bench_throughput(tmp: Path, jobs_list: list[int], n_trials: int, seed: int) -> None:
+    results = tmp / "timing"
+    print(f"\n== trials per hour: python -m tuner search {SPACE.relative_to(REPO)} --jobs J "
+          f"({os.cpu_count()} CPUs, affinity {len(os.sched_getaffinity(0))}; load average {load()}) ==", flush=True)
+    wall, _ = cli_search(results, "warmup", 1, 1, seed)
+    print(f"warm-up (1 trial, fills the statistics cache): {wall:.1f} s", flush=True)
+    rate = {}
+    header = f"{'jobs':>4}{'N0 trials':>11}{'wall s':>8}{'N trials':>10}{'wall s':>8}{'s/trial':>9}{'trials/hour':>13}"
+    lines = []
+    for jobs in jobs_list:
+        w0, n0 = cli_search(results, f"j{jobs}_n{N0}", N0, jobs, seed)
+        w1, n1 = cli_search(results, f"j{jobs}_n{n_trials}", n_trials, jobs, seed)
+        per = (w1 - w0) / (n1 - n0)
+        rate[jobs] = 3600 / per
+        lines.append(f"{jobs:>4}{n0:>11}{w0:>8.1f}{n1:>10}{w1:>8.1f}{per:>9.3f}{rate[jobs]:>13,.0f}")
+    print(header + "\n" + "-" * len(header) + "\n" + "\n".join(lines))
+    if 1 in rate and 2 in rate:
+        print(f"jobs 2 / jobs 1: {rate[2] / rate[1]:.2f}x [goal of issue 6: >= 1.8 on 2 cores]")
+    print("s/trial = (wall(N) - wall(N0)) / (N - N0): start-up and the warm-start trials cancel out; "
+          f"load average now {load()} (other processes on the machine skew the times, the jobs 2 ones most)")
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# ---------------------------------------------------------------------------- 2. TPE vs random
+@dataclass(frozen=True)
+class Point:
+    number: int
+    accuracy: float
+    latency_ms: float
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    sampler: str
+    warm_start: bool
+
+
+METHODS = (Method("tpe", "tpe", True), Method("random", "random", False), Method("random+warm", "random", True))
+
+
+def write_space(folder: Path, sampler: str) -> Path:
+    """A copy of the shipped space with absolute paths (temporary folder only) and another sampler."""
+    import yaml
+
+    raw = yaml.safe_load(SPACE.read_text(encoding="utf-8"))
+    raw["base"] = str((SEGDEPTH / raw["base"]).resolve())
+    if raw.get("eval_data"):
+        raw["eval_data"] = ";".join(str((SEGDEPTH / p).resolve()) for p in str(raw["eval_data"]).split(";"))
+    raw.setdefault("study", {})["sampler"] = sampler
+    out = folder / f"search_{sampler}.yaml"
+    out.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return out
+
+
+def points(study) -> list[Point]:
+    """Completed trials in trial order."""
+    from tuner.study.results import rows
+
+    return sorted((Point(r.number, r.accuracy, r.latency_ms, "duplicate_of" in r.record) for r in rows(study)),
+                  key=lambda p: p.number)
+
+
+def hypervolume(pts: list[Point], floor: float, ref_ms: float) -> float:
+    """Area dominated by the feasible points (accuracy >= floor) above ``floor`` and left of ``ref_ms``."""
+    area, best_acc = 0.0, floor
+    for p in sorted((p for p in pts if p.accuracy >= floor), key=lambda p: (p.latency_ms, -p.accuracy)):
+        if p.accuracy > best_acc and p.latency_ms < ref_ms:
+            area += (ref_ms - p.latency_ms) * (p.accuracy - best_acc)
+            best_acc = p.accuracy
+    return area
+
+
+def run_method(tmp: Path, method: Method, budgets: list[int], seed: int, incremental: bool):
+    """The method's completed trials at each budget, its free decisions, and the set-up time."""
+    from tuner.study.runner import Search, run
+
+    space = write_space(tmp / "spaces", method.sampler)
+    t0 = time.perf_counter()
+    search = Search.open(space, name=method.label, results_dir=tmp / "quality", quiet=True)
+    open_s = time.perf_counter() - t0
+    if not method.warm_start:
+        search.enqueue_warm_start = lambda study: 0  # plain random search: nothing enqueued
+    decisions = [(d.param, d.choices) for d in search.resolved.decisions], dict(search.resolved.calibration_params)
+    at = {}
+    t0 = time.perf_counter()
+    for b in (budgets if incremental else budgets[-1:]):
+        study, info = run(search, n_trials=b, timeout=None, jobs=1, seed=seed, progress=False)
+        if info.get("stopped") or info["interrupted"]:
+            raise SystemExit(f"{method.label}: the study stopped early: {info}")
+        at[b] = points(study)
+    run_s = time.perf_counter() - t0
+    final = at[budgets[-1]]
+    by_budget = {b: (at[b] if incremental else final[:b]) for b in budgets}
+    return by_budget, decisions, open_s, run_s
+
+
+def bench_quality(tmp: Path, budgets: list[int], seed: int, incremental: bool) -> None:
+    import optuna
+
+    from tuner.study.space import load_space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    (tmp / "spaces").mkdir(parents=True, exist_ok=True)
+    objectives = load_space(SPACE).objectives
+    floor = float(objectives["min_accuracy"])
+    how = "one run() per budget, resumed with the same seed" if incremental else \
+        f"one run to {budgets[-1]} trials, budget B = its first B completed trials"
+    print(f"\n== search quality: {SPACE.relative_to(REPO)}, seed {seed}, jobs 1 ({how}) ==", flush=True)
+    runs, spaces = {}, {}
+    for m in METHODS:
+        runs[m.label], spaces[m.label], open_s, run_s = run_method(tmp, m, budgets, seed, incremental)
+        print(f"{m.label}: Search.open {open_s:.1f} s (node sensitivity included), trials {run_s:.1f} s", flush=True)
+    first = spaces[METHODS[0].label]
+    if any(s != first for s in spaces.values()):
+        raise SystemExit("the methods' spaces differ (free nodes or choices): the comparison would not be fair")
+    print(f"space: {len(first[0])} node decisions, calibration knobs {', '.join(first[1])}; "
+          f"objectives {objectives['mode']} on {objectives['accuracy']}, min_accuracy {floor}")
+
+    ref_ms = 1.1 * max(p.latency_ms for r in runs.values() for pts in r.values() for p in pts)
+    box = (1.0 - floor) * ref_ms
+    print(f"hypervolume reference point: accuracy {floor}, latency {ref_ms:.3f} ms (1.1 x the largest modeled "
+          f"latency of any trial); HV % = HV / ((1 - {floor}) x {ref_ms:.3f} ms)")
+    header = (f"{'budget':>6}  {'method':<12}{'best acc':>10}{'best feas. ms':>15}{'HV':>11}{'HV %':>7}"
+              f"{'feasible':>10}{'front':>7}{'dups':>6}")
+    print(header + "\n" + "-" * len(header))
+    for b in budgets:
+        for m in METHODS:
+            pts = runs[m.label][b]
+            feas = [p for p in pts if p.accuracy >= floor]
+            hv = hypervolume(pts, floor, ref_ms)
+            front = len({(p.accuracy, p.latency_ms) for p in feas
+                         if not any(o.accuracy >= p.accuracy and o.latency_ms <= p.latency_ms
+                                    and (o.accuracy > p.accuracy or o.latency_ms < p.latency_ms) for o in feas)})
+            best_ms = f"{min(p.latency_ms for p in feas):.3f}" if feas else "-"
+            print(f"{b if m is METHODS[0] else '':>6}  {m.label:<12}{max(p.accuracy for p in pts):>10.6f}"
+                  f"{best_ms:>15}{hv:>11.3e}{100 * hv / box:>7.1f}{f'{len(feas)}/{len(pts)}':>10}{front:>7}"
+                  f"{sum(p.duplicate for p in pts):>6}")
+    print("best acc: max accuracy of any completed trial; best feas. ms: lowest modeled latency with accuracy >= "
+          "min_accuracy; front: distinct feasible Pareto points; dups: trials answered "
+          "from storage (duplicate_of), counted in the budget")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budgets", default="25,50,100", help="comma-separated completed-trial budgets (default 25,50,100)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed of every study (default 0)")
+    p.add_argument("--timing-trials", type=int, default=200,
+                   help=f"trials of the long timing run (default 200; the short one has {N0})")
+    p.add_argument("--incremental", action="store_true",
+                   help="continue each study with one run() per budget instead of reading prefixes of one run")
+    p.add_argument("--quick", action="store_true", help="budgets 10,20; timing with jobs 1 only, 60 trials")
+    a = p.parse_args(argv)
+    budgets = [10, 20] if a.quick else sorted({int(b) for b in a.budgets.split(",") if b.strip()})
+    timing_trials = 60 if a.quick else a.timing_trials
+    if not budgets or budgets[0] < 1:
+        p.error("--budgets: positive integers")
+    if timing_trials <= N0:
+        p.error(f"--timing-trials must be > {N0}")
+    prepare_data()
+    with tempfile.TemporaryDirectory(prefix="bench_search.") as tmp:
+        # A fresh statistics cache, set before tuner is imported (the CLI subprocesses inherit it).
+        os.environ["TUNER_CACHE_DIR"] = str(Path(tmp) / "cache")
+        bench_throughput(Path(tmp), [1] if a.quick else [1, 2], timing_trials, a.seed)
+        bench_quality(Path(tmp), budgets, a.seed, a.incremental)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
