@@ -80,25 +80,28 @@ def tiny_sample(i: int) -> np.ndarray:
     return x
 
 
-TINY_YAML = """\
+def hb_yaml(model_file: str, input_name: str, shape: str, calibration_type: str = "max", node_info: str = "{}",
+            prefix: str = "tiny") -> str:
+    """An hb_mapper YAML for a featuremap-input test model with its calibration data in ``cal/``."""
+    return f"""\
 model_parameters:
-  onnx_model: 'tiny.onnx'
+  onnx_model: '{model_file}'
   march: 'bayes-e'
   working_dir: 'model_output'
-  output_model_file_prefix: 'tiny'
-  node_info: {NODE_INFO}
+  output_model_file_prefix: '{prefix}'
+  node_info: {node_info}
 input_parameters:
-  input_name: 'x'
+  input_name: '{input_name}'
   input_type_train: 'featuremap'
   input_layout_train: 'NCHW'
   input_type_rt: 'featuremap'
   input_layout_rt: 'NCHW'
-  input_shape: '1x4x16x16'
+  input_shape: '{shape}'
   norm_type: 'no_preprocess'
 calibration_parameters:
   cal_data_dir: 'cal'
   cal_data_type: 'float32'
-  calibration_type: '{CAL}'
+  calibration_type: '{calibration_type}'
   per_channel: False
 compiler_parameters:
   compile_mode: 'latency'
@@ -116,7 +119,7 @@ def write_tiny_project(root: Path, n: int = 8, calibration_type: str = "max", no
     for i in range(n):
         tiny_sample(i).tofile(root / "cal" / f"{i:04d}.bin")
     cfg = root / "hb_config.yaml"
-    cfg.write_text(TINY_YAML.replace("{CAL}", calibration_type).replace("{NODE_INFO}", node_info))
+    cfg.write_text(hb_yaml("tiny.onnx", "x", "1x4x16x16", calibration_type, node_info))
     return cfg
 
 
@@ -182,6 +185,5 @@ def write_reciprocal_project(root: Path, n: int = 6) -> Path:
         a[:, 1] = rng.uniform(40, 50, (4, 4))
         a.tofile(root / "cal" / f"{i:04d}.bin")
     cfg = root / "hb_config.yaml"
-    cfg.write_text(TINY_YAML.replace("tiny.onnx", "recip.onnx").replace("{CAL}", "max").replace("{NODE_INFO}", "{}")
-                   .replace("1x4x16x16", "1x2x4x4"))
+    cfg.write_text(hb_yaml("recip.onnx", "x", "1x2x4x4", prefix="recip"))
     return cfg

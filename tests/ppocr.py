@@ -22,37 +22,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from helpers import hb_yaml
+
 DET_MODEL = "ch_PP-OCRv4_det_infer.onnx"
 #: Bundled with scikit-image 0.2x (loadable offline); two of them contain printed text.
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "page", "text", "camera", "immunohistochemistry")
 HEIGHT, WIDTH = 256, 320
 MEAN, STD = 0.5, 0.5
 
-YAML = """\
-model_parameters:
-  onnx_model: '{MODEL}'
-  march: 'bayes-e'
-  working_dir: 'model_output'
-  output_model_file_prefix: 'ppocr_det'
-input_parameters:
-  input_name: 'x'
-  input_type_train: 'featuremap'
-  input_layout_train: 'NCHW'
-  input_type_rt: 'featuremap'
-  input_layout_rt: 'NCHW'
-  input_shape: '1x3x{H}x{W}'
-  norm_type: 'no_preprocess'
-calibration_parameters:
-  cal_data_dir: 'cal'
-  cal_data_type: 'float32'
-  calibration_type: '{CAL}'
-  per_channel: False
-compiler_parameters:
-  compile_mode: 'latency'
-  optimize_level: 'O3'
-  debug: False
-  core_num: 1
-"""
 
 
 def det_model_path() -> Path | None:
@@ -193,6 +170,5 @@ def write_ppocr_project(root: Path, photos: tuple[str, ...] = PHOTOS, height: in
     for i, name in enumerate(photos):
         preprocess(load_photo(name), height, width).tofile(cal / f"{i:04d}.bin")
     cfg = root / "hb_config.yaml"
-    cfg.write_text(YAML.replace("{MODEL}", DET_MODEL).replace("{H}", str(height)).replace("{W}", str(width))
-                   .replace("{CAL}", calibration_type))
+    cfg.write_text(hb_yaml(DET_MODEL, "x", f"1x3x{height}x{width}", calibration_type, prefix="ppocr_det"))
     return cfg

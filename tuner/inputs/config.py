@@ -192,20 +192,25 @@ def _shape(where: str, text: str) -> tuple[int, ...] | None:
     return dims
 
 
-def load_config(path: str | Path) -> HbConfig:
-    """Read and validate an hb_mapper YAML. Raises TunerError naming the bad key."""
-    path = Path(path)
+def read_yaml(path: Path, what: str, missing_hint: str = "") -> Any:
+    """``yaml.safe_load`` of a user file, every failure as one TunerError naming the file."""
     if not path.is_file():
-        raise TunerError(f"{path}: no such file; pass the hb_mapper YAML given to 'hb_mapper makertbin --config'")
+        raise TunerError(f"{path}: no such file{missing_hint}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise TunerError(f"{path}: not a text file; pass the hb_mapper YAML") from None
+        raise TunerError(f"{path}: not a text file; pass {what}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise TunerError(f"{path}: invalid YAML{at}: {problem}") from None
+
+
+def load_config(path: str | Path) -> HbConfig:
+    """Read and validate an hb_mapper YAML. Raises TunerError naming the bad key."""
+    path = Path(path)
+    raw = read_yaml(path, "the hb_mapper YAML", "; pass the hb_mapper YAML given to 'hb_mapper makertbin --config'")
     return parse_config(raw, path)
 
 

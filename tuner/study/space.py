@@ -23,6 +23,7 @@ import yaml
 from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
+from tuner.inputs.config import read_yaml
 
 DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 
@@ -121,16 +122,7 @@ def _list(where: str, value: Any, allowed: tuple | None = None, kind: type | tup
 
 def load_space(path: str | Path) -> SearchSpace:
     path = Path(path)
-    if not path.is_file():
-        raise TunerError(f"{path}: search space file not found")
-    try:
-        given = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise TunerError(f"{path}: invalid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    except UnicodeDecodeError:
-        raise TunerError(f"{path}: not a text file; pass a search space YAML") from None
+    given = read_yaml(path, "a search space YAML", " (the search space file)")
     if not isinstance(given, dict):
         raise TunerError(f"{path}: expected a mapping of search space keys, got {type(given).__name__}")
     if "model_parameters" in given:
