@@ -62,17 +62,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    import signal
+    from tuner.study.runner import Search, duration, install_stop_handlers, run
 
-    from tuner.study.runner import Search, duration, run
-    from tuner.study.results import pareto, rows
-
-    def _term(signum, frame):  # schedulers stop jobs with SIGTERM: end like Ctrl-C, storage consistent
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
-    # A process started in the background inherits SIGINT as ignored; Ctrl-C must still stop a search.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ctrl-C (even in a process that inherited SIGINT as ignored) and SIGTERM from schedulers:
+    # finish the running trial, keep the storage consistent, print the summary.
+    install_stop_handlers(lambda text: print(f"tuner: {text}", file=sys.stderr, flush=True))
     search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
     st = search.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]

@@ -14,6 +14,7 @@ import io
 import math
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,6 +297,17 @@ class Search:
                     study.enqueue_trial(t.params, user_attrs={"plan": f"retry of trial {t.number}"})
         return failed
 
+    def fail_own_running(self, study: optuna.Study) -> None:
+        """After an abort: this process's trials still RUNNING become FAIL (storage consistent)."""
+        host, pid = socket.gethostname(), os.getpid()
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            w = t.user_attrs.get("worker") or {}
+            if w.get("host") == host and w.get("pid") == pid:
+                try:
+                    study.tell(t.number, state=TrialState.FAIL)
+                except Exception:
+                    pass
+
     def load_done(self, study: optuna.Study) -> None:
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             rec = t.user_attrs.get(results.RECORD)
@@ -490,20 +502,56 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
                 st.stop()
 
     stop = optuna.study.MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,))
+
+    def on_stop_request(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if STOP.is_set():
+            st.stop()
+
     try:
         if n_trials > done:
             if jobs <= 1:
                 study.optimize(search.objective, n_trials=None, timeout=timeout, catch=(Exception,),
-                               callbacks=[stop, on_trial], gc_after_trial=False)
+                               callbacks=[stop, on_trial, on_stop_request], gc_after_trial=False)
             else:
                 _run_workers(search, study, n_trials, timeout, jobs, seed, bar)
     except KeyboardInterrupt:
         info["interrupted"] = True
+    except Exception:
+        # An interrupt that lands inside Optuna's own trial bookkeeping can surface as another
+        # exception (optuna 5.0 _run_trial: UnboundLocalError); it is still the user's stop.
+        if not STOP.is_set():
+            raise
     finally:
         if bar is not None:
             bar.close()
+    if STOP.is_set():
+        info["interrupted"] = True
+        search.fail_own_running(study)
     search.write_results(study, force=True)
     return study, info
+
+
+#: Set by the first Ctrl-C / SIGTERM: the study stops after the running trial.
+STOP = threading.Event()
+
+
+def install_stop_handlers(say=None) -> None:
+    """First Ctrl-C or SIGTERM: finish the running trial, then stop. Second: abort it now.
+
+    A KeyboardInterrupt raised at an arbitrary point can land inside Optuna's bookkeeping; a
+    flag checked between trials cannot, so the common case leaves nothing half-written.
+    """
+    import signal
+
+    def handler(signum, frame):
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        STOP.set()
+        if say:
+            say("stopping after the running trial (Ctrl-C again to abort it)")
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _say(text: str, bar) -> None:
@@ -525,23 +573,31 @@ def _progress(total: int, done: int, timeout: float | None):
 
 
 def _worker(spec: dict[str, Any]) -> None:
-    import signal
-
-    def _term(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _term)
+    install_stop_handlers()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    search = None
     try:
         search = Search.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
                              quiet=True)
         study = search.study(spec["seed"], create=False)
         search.load_done(study)
         stop = optuna.study.MaxTrialsCallback(spec["n_trials"], states=(TrialState.COMPLETE,))
+
+        def after(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
+            if t.state == TrialState.COMPLETE:
+                search.write_results(st)
+            if STOP.is_set():
+                st.stop()
+
         study.optimize(search.objective, n_trials=None, timeout=spec["timeout"], catch=(Exception,),
-                       callbacks=[stop, lambda st, t: search.write_results(st) if t.state == TrialState.COMPLETE else None])
+                       callbacks=[stop, after])
     except KeyboardInterrupt:
         pass
+    except Exception:
+        if not STOP.is_set():
+            raise
+    if STOP.is_set() and search is not None:
+        search.fail_own_running(study)
 
 
 def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: float | None, jobs: int,
@@ -561,15 +617,22 @@ def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: fl
         procs.append(p)
     try:
         seen = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        forwarded = False
         while any(p.is_alive() for p in procs):
-            time.sleep(1.0)
+            time.sleep(0.5)
+            if STOP.is_set() and not forwarded:
+                forwarded = True
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()  # SIGTERM: each worker finishes its running trial, then stops
             now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
             if bar is not None and now > seen:
                 bar.update(min(now, n_trials) - min(seen, n_trials))
             seen = now
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # second Ctrl-C: abort the workers' trials too
         for p in procs:
-            p.terminate()  # SIGTERM -> KeyboardInterrupt in the worker: its trial ends FAIL, storage stays consistent
+            if p.is_alive():
+                p.terminate()
         for p in procs:
             p.join(30)
         raise
