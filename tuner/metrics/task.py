@@ -1,0 +1,448 @@
+"""Streaming task metrics: what users care about, beyond cosine similarity.
+
+Every accumulator takes ONE sample per ``update(...)`` (a leading batch dimension of 1 is
+dropped; a larger batch is an error) and keeps only running sums, never whole-dataset arrays,
+like :class:`tuner.metrics.similarity.Similarity`. Results are properties and ``as_dict()``;
+a result with nothing measured yet is NaN.
+
+* :class:`SegAgreement` -- argmax(float) == argmax(quant), over all pixels of all samples.
+* :class:`SegIoU` -- mIoU and pixel accuracy of one model against label maps (run one for the
+  float model and one for the quantized model to report "mIoU float vs quantized").
+* :class:`DepthError` -- AbsRel, RMSE, delta1 of a depth map against a reference (the float
+  output or labels).
+* :class:`Top1` -- classification: agreement float vs quant, and accuracy against labels.
+* :func:`load_user_metric` / :class:`UserMetric` -- a user's per-sample function, averaged.
+* :func:`parse_metric_spec` / :func:`higher_is_better` -- the ``"<kind>:<output>"`` selection.
+
+Shape problems (wrong rank, mismatched maps, one-channel "segmentation") and bad labels usually
+mean the metric was pointed at the wrong output, so they raise :class:`TunerError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import numbers
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from tuner.errors import TunerError
+
+UserFn = Callable[[dict[str, np.ndarray], dict[str, np.ndarray], "dict | None"], float]
+
+
+def _drop_batch(a: Any, ndim: int, what: str) -> np.ndarray:
+    """``a`` with leading size-1 dimensions dropped down to ``ndim`` dimensions."""
+    arr = np.asarray(a)
+    shape = arr.shape
+    while arr.ndim > ndim and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != ndim:
+        raise TunerError(f"{what}: expected {ndim} dimensions (plus an optional batch dimension "
+                         f"of 1), got shape {shape}; is the metric pointed at the right output?")
+    return arr
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else math.nan
+
+
+# --------------------------------------------------------------------------- segmentation
+
+def _seg_argmax(logits: Any, what: str) -> np.ndarray:
+    x = _drop_batch(logits, 3, what)
+    if x.shape[0] < 2:
+        raise TunerError(f"{what}: logits have {x.shape[0]} channel(s) (shape {np.shape(logits)}); "
+                         "argmax needs at least 2 classes [C,H,W]; for a one-channel map use a "
+                         "cosine or depth metric instead")
+    return np.argmax(x, axis=0)
+
+
+@dataclass
+class SegAgreement:
+    """Fraction of pixels whose argmax class is the same in the float and quantized logits."""
+
+    agree: int = 0
+    count: int = 0
+
+    def update(self, float_logits: np.ndarray, quant_logits: np.ndarray) -> None:
+        """Logits ``[1,C,H,W]`` or ``[C,H,W]``, the same shape for both."""
+        f = _seg_argmax(float_logits, "SegAgreement")
+        q = _seg_argmax(quant_logits, "SegAgreement")
+        if f.shape != q.shape:
+            raise TunerError(f"SegAgreement: shape mismatch {np.shape(float_logits)} vs "
+                             f"{np.shape(quant_logits)}")
+        self.agree += int(np.count_nonzero(f == q))
+        self.count += f.size
+
+    @property
+    def agreement(self) -> float:
+        return _ratio(self.agree, self.count)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"seg_agreement": self.agreement}
+
+
+@dataclass
+class SegIoU:
+    """Confusion matrix of argmax(logits) against integer label maps; mIoU and pixel accuracy.
+
+    ``confusion[label, pred]`` counts pixels; pixels labelled ``ignore_label`` are not counted.
+    The number of classes C comes from the first logits seen. Any other label outside
+    ``[0, C)`` is an error (a wrong ignore label or a model with fewer classes than the data).
+
+    mIoU rule: IoU_c = TP / (TP + FP + FN) for each class c; the mean is over classes present
+    in the labels or in the predictions (on non-ignored pixels) of all samples seen, i.e. a
+    class whose union is 0 is skipped, not counted as 0 or 1.
+    """
+
+    ignore_label: int | None = 255
+    confusion: np.ndarray | None = field(default=None, repr=False)
+
+    def update(self, logits: np.ndarray, labels: np.ndarray) -> None:
+        """Logits ``[1,C,H,W]`` or ``[C,H,W]``; labels ``[H,W]`` (or ``[1,H,W]``) of class ids."""
+        pred = _seg_argmax(logits, "SegIoU")
+        n = int(np.shape(_drop_batch(logits, 3, "SegIoU"))[0])
+        lab = _drop_batch(labels, 2, "SegIoU labels")
+        if lab.shape != pred.shape:
+            raise TunerError(f"SegIoU: labels shape {np.shape(labels)} does not match the logits' "
+                             f"spatial shape {pred.shape} (from {np.shape(logits)}); resize the "
+                             "labels (nearest) to the model's output size")
+        if not np.issubdtype(lab.dtype, np.integer):
+            if not np.all(np.isfinite(lab)) or not np.all(lab == np.round(lab)):
+                raise TunerError(f"SegIoU: labels must be integer class ids, got dtype {lab.dtype} "
+                                 "with non-integer values")
+        lab = lab.astype(np.int64).ravel()
+        pred = pred.astype(np.int64).ravel()
+        if self.confusion is None:
+            self.confusion = np.zeros((n, n), dtype=np.int64)
+        elif self.confusion.shape[0] != n:
+            raise TunerError(f"SegIoU: logits have {n} classes but earlier samples had "
+                             f"{self.confusion.shape[0]}")
+        keep = lab != self.ignore_label if self.ignore_label is not None else slice(None)
+        lab, pred = lab[keep], pred[keep]
+        bad = (lab < 0) | (lab >= n)
+        if bad.any():
+            raise TunerError(f"SegIoU: label values {sorted(set(lab[bad].tolist()))[:5]} are outside "
+                             f"the model's classes 0..{n - 1} and are not the ignore label "
+                             f"{self.ignore_label}; set the ignore label or check the label maps")
+        self.confusion += np.bincount(lab * n + pred, minlength=n * n).reshape(n, n)
+
+    @property
+    def iou(self) -> np.ndarray:
+        """Per-class IoU; NaN for a class absent from both labels and predictions."""
+        if self.confusion is None:
+            return np.zeros(0)
+        cm = self.confusion
+        tp = np.diag(cm).astype(np.float64)
+        union = cm.sum(axis=0) + cm.sum(axis=1) - tp
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(union > 0, tp / np.maximum(union, 1), np.nan)
+
+    @property
+    def miou(self) -> float:
+        iou = self.iou
+        present = ~np.isnan(iou)
+        return float(iou[present].mean()) if present.any() else math.nan
+
+    @property
+    def pixel_accuracy(self) -> float:
+        if self.confusion is None:
+            return math.nan
+        return _ratio(float(np.trace(self.confusion)), float(self.confusion.sum()))
+
+    @property
+    def count(self) -> int:
+        """Pixels counted (ignored pixels excluded)."""
+        return 0 if self.confusion is None else int(self.confusion.sum())
+
+    def as_dict(self) -> dict[str, float]:
+        return {"miou": self.miou, "pixel_accuracy": self.pixel_accuracy}
+
+
+# --------------------------------------------------------------------------- depth
+
+@dataclass
+class DepthError:
+    """AbsRel, RMSE and delta1 of a depth/regression map against a reference map.
+
+    Only valid pixels count: the reference is finite, ``> min_depth`` and, when ``max_depth`` is
+    set, ``<= max_depth`` (the cap excludes pixels; predictions are not clipped). A non-finite
+    or non-positive prediction on a valid pixel is NOT excluded: it shows up as a NaN/inf
+    AbsRel/RMSE and a delta1 failure, since hiding it would hide a broken quantized model.
+
+    * AbsRel = mean(|p - r| / r)
+    * RMSE = sqrt(mean((p - r)^2))
+    * delta1 = fraction with max(p/r, r/p) < 1.25 (a prediction <= 0 fails)
+    """
+
+    min_depth: float = 1e-3
+    max_depth: float | None = None
+    abs_rel_sum: float = 0.0
+    sq_sum: float = 0.0
+    delta1_hits: int = 0
+    count: int = 0
+
+    def update(self, pred: np.ndarray, ref: np.ndarray) -> None:
+        """``pred`` ``[1,1,H,W]``/``[1,H,W]``/``[H,W]``; ``ref`` the same or labels ``[H,W]``."""
+        p = _drop_batch(pred, 2, "DepthError prediction").astype(np.float64)
+        r = _drop_batch(ref, 2, "DepthError reference").astype(np.float64)
+        if p.shape != r.shape:
+            raise TunerError(f"DepthError: prediction shape {np.shape(pred)} does not match the "
+                             f"reference shape {np.shape(ref)}")
+        with np.errstate(invalid="ignore"):
+            valid = np.isfinite(r) & (r > self.min_depth)
+            if self.max_depth is not None:
+                valid &= r <= self.max_depth
+        p, r = p[valid], r[valid]
+        if not r.size:
+            return
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            err = p - r
+            self.abs_rel_sum += float(np.sum(np.abs(err) / r))
+            self.sq_sum += float(np.sum(err * err))
+            ratio = p / r                   # r > 0: max(p/r, r/p) < 1.25  <=>  0.8 < p/r < 1.25
+            self.delta1_hits += int(np.count_nonzero((ratio < 1.25) & (ratio > 1.0 / 1.25)))
+        self.count += r.size
+
+    @property
+    def abs_rel(self) -> float:
+        return _ratio(self.abs_rel_sum, self.count)
+
+    @property
+    def rmse(self) -> float:
+        return math.sqrt(self.sq_sum / self.count) if self.count else math.nan
+
+    @property
+    def delta1(self) -> float:
+        return _ratio(self.delta1_hits, self.count)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"absrel": self.abs_rel, "rmse": self.rmse, "delta1": self.delta1}
+
+
+# --------------------------------------------------------------------------- classification
+
+def _top1(logits: Any, what: str) -> int:
+    x = _drop_batch(logits, 1, what)
+    if x.size < 2:
+        raise TunerError(f"{what}: logits of shape {np.shape(logits)} have fewer than 2 classes")
+    return int(np.argmax(x))
+
+
+@dataclass
+class Top1:
+    """Top-1 agreement (float vs quant, :meth:`update`) and accuracy (vs labels,
+    :meth:`update_labels`); the two counters are independent."""
+
+    agree: int = 0
+    count: int = 0
+    correct: int = 0
+    labelled: int = 0
+
+    def update(self, float_logits: np.ndarray, quant_logits: np.ndarray) -> None:
+        """Logits ``[1,K]`` or ``[K]``."""
+        f, q = _top1(float_logits, "Top1"), _top1(quant_logits, "Top1")
+        if np.shape(float_logits) != np.shape(quant_logits):
+            raise TunerError(f"Top1: shape mismatch {np.shape(float_logits)} vs "
+                             f"{np.shape(quant_logits)}")
+        self.agree += int(f == q)
+        self.count += 1
+
+    def update_labels(self, logits: np.ndarray, label: int | np.ndarray) -> None:
+        """Logits ``[1,K]`` or ``[K]``; ``label`` an integer class id (or a one-element array)."""
+        k = int(np.size(logits))
+        pred = _top1(logits, "Top1")
+        lab = np.asarray(label)
+        if lab.size != 1 or not (np.issubdtype(lab.dtype, np.integer)
+                                 or (np.issubdtype(lab.dtype, np.floating)
+                                     and float(lab.ravel()[0]).is_integer())):
+            raise TunerError(f"Top1: a label must be one integer class id, got {label!r}")
+        lab_i = int(lab.ravel()[0])
+        if not 0 <= lab_i < k:
+            raise TunerError(f"Top1: label {lab_i} is outside the model's classes 0..{k - 1}")
+        self.correct += int(pred == lab_i)
+        self.labelled += 1
+
+    @property
+    def agreement(self) -> float:
+        return _ratio(self.agree, self.count)
+
+    @property
+    def accuracy(self) -> float:
+        return _ratio(self.correct, self.labelled)
+
+    def as_dict(self) -> dict[str, float]:
+        """Only the measured counters: ``top1_agreement`` and/or ``top1_accuracy``."""
+        out = {}
+        if self.count:
+            out["top1_agreement"] = self.agreement
+        if self.labelled:
+            out["top1_accuracy"] = self.accuracy
+        return out
+
+
+# --------------------------------------------------------------------------- user metric
+
+_USER_FORMS = ("'package.module:function' (importable, e.g. on PYTHONPATH) or "
+               "'path/to/file.py:function'")
+
+
+def _is_path(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def load_user_metric(spec: str, base_dir: str | Path | None = None) -> UserFn:
+    """Load ``"module:function"`` or ``"path/to/file.py:function"``.
+
+    A relative file path is resolved against ``base_dir`` (default: the current directory).
+    The function is called once per sample as ``fn(outputs_float, outputs_quant, labels)``
+    (dicts of output name -> array; ``labels`` a dict or None) and must return a finite number;
+    :class:`UserMetric` averages it over samples. Exceptions the function raises propagate
+    unchanged (with their traceback); problems loading it raise :class:`TunerError`.
+    """
+    target, sep, fn_name = str(spec).strip().rpartition(":")
+    if not sep or not target or not fn_name or not fn_name.isidentifier():
+        raise TunerError(f"user metric {spec!r}: expected {_USER_FORMS}")
+    if _is_path(target):
+        path = Path(target).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not path.is_file():
+            raise TunerError(f"user metric {spec!r}: file {str(path)!r} not found; give an existing "
+                             "path (relative paths are resolved against "
+                             f"{str(base_dir) if base_dir is not None else 'the current directory'})")
+        mod_name = f"_tuner_user_metric_{abs(hash(str(path.resolve())))}"
+        try:
+            mspec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(mspec)
+            sys.modules[mod_name] = module      # dataclasses etc. look their module up here
+            mspec.loader.exec_module(module)
+        except Exception as e:  # the user's file is user input
+            sys.modules.pop(mod_name, None)
+            raise TunerError(f"user metric {spec!r}: loading {str(path)!r} failed: "
+                             f"{type(e).__name__}: {e}; fix the file") from e
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            if e.name and (target == e.name or target.startswith(e.name + ".")):
+                raise TunerError(f"user metric {spec!r}: module {target!r} not found; put its "
+                                 f"directory on PYTHONPATH, install it, or use 'path/to/file.py:"
+                                 f"{fn_name}'") from e
+            raise TunerError(f"user metric {spec!r}: importing {target!r} failed: {e}; install "
+                             "the missing dependency") from e
+        except Exception as e:
+            raise TunerError(f"user metric {spec!r}: importing {target!r} failed: "
+                             f"{type(e).__name__}: {e}; fix the module") from e
+    if not hasattr(module, fn_name):
+        public = sorted(n for n, v in vars(module).items()
+                        if callable(v) and not n.startswith("_"))
+        raise TunerError(f"user metric {spec!r}: {target!r} has no function {fn_name!r}"
+                         + (f"; it defines {', '.join(public)}" if public else "")
+                         + "; fix the name after the ':'")
+    fn = getattr(module, fn_name)
+    if not callable(fn):
+        raise TunerError(f"user metric {spec!r}: {fn_name!r} in {target!r} is a "
+                         f"{type(fn).__name__}, not a function; point the spec at a function "
+                         "fn(outputs_float, outputs_quant, labels) -> float")
+    return fn
+
+
+@dataclass
+class UserMetric:
+    """The mean over samples of a user function's per-sample value (see :func:`load_user_metric`)."""
+
+    fn: UserFn
+    name: str = ""
+    total: float = 0.0
+    count: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: str, base_dir: str | Path | None = None) -> UserMetric:
+        return cls(load_user_metric(spec, base_dir), name=spec)
+
+    def update(self, outputs_float: dict[str, np.ndarray], outputs_quant: dict[str, np.ndarray],
+               labels: dict | None = None) -> None:
+        value = self.fn(outputs_float, outputs_quant, labels)
+        label = self.name or getattr(self.fn, "__qualname__", repr(self.fn))
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TunerError(f"user metric {label!r} returned {type(value).__name__} {value!r:.80}; "
+                             "it must return one finite number per sample")
+        value = float(value)
+        if not math.isfinite(value):
+            raise TunerError(f"user metric {label!r} returned {value} for sample {self.count}; "
+                             "it must return a finite number per sample")
+        self.total += value
+        self.count += 1
+
+    @property
+    def value(self) -> float:
+        return _ratio(self.total, self.count)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"user": self.value}
+
+
+# --------------------------------------------------------------------------- selection
+
+# kind -> higher is better
+KINDS: dict[str, bool] = {
+    "seg_agreement": True, "miou": True, "absrel": False, "rmse": False, "delta1": True,
+    "top1": True, "user": True,
+}
+_SPEC_FORMS = ("seg_agreement:<output>, miou:<output>, absrel:<output>, rmse:<output>, "
+               "delta1:<output>, top1:<output>, user:<module>:<function>, "
+               "user:<path/to/file.py>:<function>")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric selection. ``output`` is None for ``user`` (the function sees all outputs);
+    ``user`` holds the ``module:function`` / ``file.py:function`` spec, else None."""
+
+    kind: str
+    output: str | None = None
+    user: str | None = None
+
+    @property
+    def higher_is_better(self) -> bool:
+        return higher_is_better(self.kind)
+
+
+def parse_metric_spec(text: str) -> MetricSpec:
+    """``"<kind>:<output>"`` or ``"user:<module or file.py>:<function>"``.
+
+    Everything after the first ``:`` is the output name, so names such as ``"Identity:0"``
+    work. ``user`` specs are only checked for shape here; :func:`load_user_metric` loads them.
+    """
+    kind, sep, rest = str(text).strip().partition(":")
+    kind = kind.strip().lower()
+    rest = rest.strip()
+    if not sep or not rest or kind not in KINDS:
+        why = f"unknown metric {kind!r}" if sep and rest and kind not in KINDS else "bad form"
+        raise TunerError(f"metric {text!r}: {why}; use one of: {_SPEC_FORMS}")
+    if kind == "user":
+        target, colon, fn = rest.rpartition(":")
+        if not colon or not target.strip() or not fn.strip().isidentifier():
+            raise TunerError(f"metric {text!r}: a user metric needs a module or file and a "
+                             f"function; use user:<module>:<function> or "
+                             f"user:<path/to/file.py>:<function>")
+        return MetricSpec(kind="user", output=None, user=f"{target.strip()}:{fn.strip()}")
+    return MetricSpec(kind=kind, output=rest)
+
+
+def higher_is_better(kind: str) -> bool:
+    """True for agreement/accuracy-like metrics (and user metrics: return a score, negate a
+    loss), False for errors (``absrel``, ``rmse``)."""
+    try:
+        return KINDS[kind.strip().lower()]
+    except KeyError:
+        raise TunerError(f"unknown metric kind {kind!r}; known: {', '.join(KINDS)}") from None
