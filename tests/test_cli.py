@@ -95,3 +95,24 @@ def test_not_an_onnx_model(tiny_project):
 def test_calibration_type_that_cannot_be_simulated(tiny_project):
     tiny_project.write_text(tiny_project.read_text().replace("calibration_type: 'max'", "calibration_type: 'skip'"))
     bad(tiny_project, "cannot be simulated")
+
+
+def test_check_data_exit_codes(tiny_project):
+    r = run("check-data", tiny_project, "--json")
+    data = json.loads(r.stdout)
+    assert r.returncode == data["exit_code"] == 1        # 8 samples: too few; channel 3 on another scale
+    codes = {f["code"] for f in data["findings"]}
+    assert "few_samples" in codes and "range_ratio" in codes
+    (tiny_project.parent / "cal" / "zz.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    r = run("check-data", tiny_project)
+    assert r.returncode == 2 and "zz.png" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_search_stops_on_unusable_data(tmp_path):
+    from helpers import write_tiny_space
+
+    space = write_tiny_space(tmp_path)
+    (tmp_path / "tiny" / "cal" / "bad.bin").write_bytes(b"\x00" * 12)
+    r = run("search", space, cwd=tmp_path)
+    assert r.returncode == 2 and "bad.bin" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "results").exists()

@@ -67,6 +67,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     # Ctrl-C (even in a process that inherited SIGINT as ignored) and SIGTERM from schedulers:
     # finish the running trial, keep the storage consistent, print the summary.
     install_stop_handlers(lambda text: print(f"tuner: {text}", file=sys.stderr, flush=True))
+    if not _data_ok(args.space):
+        return 2
     search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
     st = search.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
@@ -89,6 +91,37 @@ def cmd_search(args: argparse.Namespace) -> int:
         print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
         return 130
     return 0
+
+
+def _data_ok(space_path: str) -> bool:
+    """The brief data check at the start of a search: errors stop it, warnings are listed."""
+    from tuner.inputs.checks import ERROR, check_data, format_report
+    from tuner.study.space import load_space
+
+    space = load_space(space_path)
+    report = check_data(space.base)
+    if report.exit_code() == 2:
+        print(format_report(report), file=sys.stderr)
+        print("tuner: error: the calibration data are unusable (see above); fix them or run 'tuner check-data "
+              f"{space.base}'", file=sys.stderr)
+        return False
+    for f in report.findings:
+        if f.severity != "info":
+            print(f"data {f.severity}: {f.message}", file=sys.stderr)
+    return not any(f.severity == ERROR for f in report.findings)
+
+
+def cmd_check_data(args: argparse.Namespace) -> int:
+    import json
+
+    from tuner.inputs.checks import check_data, format_report
+
+    report = check_data(args.config, data_dirs=_data_dirs(args.data), limit=args.limit)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, allow_nan=False))
+    else:
+        print(format_report(report))
+    return report.exit_code()
 
 
 def _print_summary(study, paths, mode: str, min_accuracy) -> None:
@@ -169,6 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nodes", action="store_true", help="skip the per-node table (faster)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("check-data", help="check calibration data against the YAML: format, statistics, known mistakes",
+                       description="Check the calibration data an hb_mapper YAML points at: file format and size, "
+                                   "per-channel statistics, and the known mistakes (unnormalized or doubly normalized "
+                                   "data, channels on very different scales, constant channels, duplicates, too few "
+                                   "samples). Exit code 0: clean, 1: findings, 2: unusable data.")
+    p.add_argument("config", help="the hb_mapper makertbin YAML")
+    p.add_argument("--data", help="check this folder instead of cal_data_dir (';' between inputs)")
+    p.add_argument("--limit", type=int, help="read at most this many samples")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_check_data)
 
     p = sub.add_parser("search", help="search node placement, int16 and calibration; resumes an existing study",
                        description="Start, or continue, an Optuna study over the space file's knobs. Results are "

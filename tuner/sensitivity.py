@@ -21,13 +21,15 @@ from tuner.simulate import Simulator
 def leave_one_float(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
                     progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """accuracy(node on CPU) - accuracy(base), per node. Larger means more sensitive."""
-    ref = accuracy(sim.evaluate(base).outputs, metric)
+    first = sim.evaluate(base)
+    ref = accuracy(first.outputs, metric, first.task)
     out = {}
     for i, name in enumerate(nodes):
         settings = dict(base.nodes)
         settings[name] = NodeSetting(on="CPU")
         cand = Candidate.make(base.calibration, settings, base.optimization)
-        out[name] = accuracy(sim.evaluate(cand).outputs, metric) - ref
+        ev = sim.evaluate(cand)
+        out[name] = accuracy(ev.outputs, metric, ev.task) - ref
         if progress:
             progress(i + 1, len(nodes))
     return out

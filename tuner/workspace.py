@@ -61,11 +61,24 @@ class Workspace:
                    stats=stats, stats_from_cache=from_cache, threads=threads, warnings=warnings,
                    thresholds=ThresholdMemo(stats, stats_path.with_suffix(".thresholds.json")))
 
+    task_metrics: list = field(default_factory=list)
+    labels: object = None
+
+    def use_task_metrics(self, specs: list, label_patterns: dict[str, str], base: Path) -> None:
+        """Compute these task metrics in every evaluation, against these label files where given."""
+        from tuner.metrics.task import LabelSet
+
+        self.task_metrics = list(specs)
+        self.labels = LabelSet(label_patterns, base, len(self.eval_data)) if label_patterns else None
+        self._user_base = base
+        self._simulator = None
+
     @property
     def simulator(self) -> Simulator:
         if self._simulator is None:
             self._simulator = Simulator(self.model, self.target, self.stats, self.eval_data, self.threads,
-                                        thresholds=self.thresholds)
+                                        thresholds=self.thresholds, task_metrics=self.task_metrics,
+                                        labels=self.labels, user_base=getattr(self, "_user_base", None))
         return self._simulator
 
     def base_candidate(self) -> Candidate:

@@ -77,3 +77,22 @@ def test_folder_suffix_rule_for_missing_cal_data_type(tiny_project):
     cfg = load_config(tiny_project)
     assert cfg.inputs[0].cal_type == "uint8"
     assert any("folder-name rule" in w for w in cfg.warnings)
+
+
+def test_multi_input_lists_are_checked_per_input(tiny_project):
+    text = tiny_project.read_text()
+    text = (text.replace("input_name: 'x'", "input_name: 'x;y'")
+            .replace("input_type_train: 'featuremap'", "input_type_train: 'featuremap;featuremap'")
+            .replace("input_type_rt: 'featuremap'", "input_type_rt: 'featuremap;featuremap'")
+            .replace("input_layout_train: 'NCHW'", "input_layout_train: 'NCHW;NCHW'")
+            .replace("input_layout_rt: 'NCHW'", "input_layout_rt: 'NCHW;NCHW'")
+            .replace("input_shape: '1x4x16x16'", "input_shape: '1x4x16x16;1x2x8x8'")
+            .replace("cal_data_dir: 'cal'", "cal_data_dir: 'cal;cal2'")
+            .replace("cal_data_type: 'float32'", "cal_data_type: 'float32;float32'"))
+    tiny_project.write_text(text)
+    cfg = load_config(tiny_project)
+    assert [i.name for i in cfg.inputs] == ["x", "y"] and cfg.inputs[1].shape == (1, 2, 8, 8)
+    assert cfg.inputs[1].cal_dir.name == "cal2"
+    tiny_project.write_text(text.replace("'featuremap;featuremap'", "'featuremap;featmap'", 1))
+    with pytest.raises(TunerError, match="'featmap' is not one of"):
+        load_config(tiny_project)

@@ -255,3 +255,35 @@ def test_resuming_with_the_same_seed_does_not_replay_earlier_proposals(tmp_path)
     rs = rows(study)
     assert len(rs) == 16
     assert not [r for r in rs if "duplicate_of" in r.record]
+
+
+def test_task_metric_objective_with_labels(tmp_path):
+    """Objective miou:seg against label maps; AbsRel of depth vs float is reported with every trial."""
+    import numpy as np
+
+    space = write_tiny_space(tmp_path)
+    labels = tmp_path / "tiny" / "labels"
+    labels.mkdir()
+    for i in range(8):
+        np.save(labels / f"seg_{i:04d}.npy", np.random.default_rng(i).integers(0, 3, (16, 16)).astype(np.int64))
+    text = space.read_text().replace("objectives:\n  mode: pareto\n",
+                                     "labels:\n  seg: tiny/labels/seg_*.npy\nobjectives:\n  mode: pareto\n"
+                                     "  accuracy: miou:seg\n  report: [absrel:depth, seg_agreement:seg]\n")
+    space.write_text(text)
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)
+    rs = rows(study)
+    assert len(rs) == 6
+    for r in rs:
+        task = r.record["task"]
+        assert set(task) == {"miou:seg", "absrel:depth", "seg_agreement:seg"}
+        assert r.accuracy == task["miou:seg"] and 0.0 <= task["miou:seg"] <= 1.0
+        assert 0.0 <= task["absrel:depth"] < 10.0 and 0.5 < task["seg_agreement:seg"] <= 1.0
+    assert "miou:seg" in search.paths.trials_csv.read_text().splitlines()[0]
+    # too few label files: one clear error
+    for p in list(labels.glob("seg_000[4-7].npy")):
+        p.unlink()
+    from tuner.errors import TunerError
+
+    with pytest.raises(TunerError, match="4 files match"):
+        Search.open(space, results_dir=tmp_path / "results2", quiet=True)

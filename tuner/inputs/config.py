@@ -236,8 +236,11 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
             if kind != NODEINFO and value is not None:
                 _check_type(f"{path}: {where}", value, kind)
             allowed = CHOICES.get((section, key))
-            if allowed and value is not None and value not in allowed:
-                raise TunerError(f"{path}: {where}: {value!r} is not one of {', '.join(allowed)}")
+            # input_parameters lists hold one value per input, ';'-separated
+            items = _split(value) if section == "input_parameters" and isinstance(value, str) else [value]
+            for item in items:
+                if allowed and value is not None and item not in allowed:
+                    raise TunerError(f"{path}: {where}: {item!r} is not one of {', '.join(allowed)}")
     for section in ("model_parameters", "input_parameters", "calibration_parameters"):
         if not raw.get(section):
             raise TunerError(f"{path}: missing section {section}")

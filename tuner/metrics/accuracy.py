@@ -9,8 +9,11 @@ import numpy as np
 from tuner.errors import TunerError
 
 
-def accuracy(outputs: dict[str, dict[str, float]], spec: str = "mean_cosine") -> float:
-    """``mean_cosine`` | ``min_cosine`` | ``mean_sqnr`` | ``cosine:<output>`` | ``sqnr:<output>``."""
+def accuracy(outputs: dict[str, dict[str, float]], spec: str = "mean_cosine", task: dict[str, float] | None = None) -> float:
+    """``mean_cosine`` | ``min_cosine`` | ``mean_sqnr`` | ``cosine:<output>`` | ``sqnr:<output>``, or a
+    task metric computed during the evaluation (``miou:seg``, ``seg_agreement:seg``, ...)."""
+    if task and spec in task:
+        return float(task[spec])
     if spec == "mean_cosine":
         return float(np.mean([m["cosine"] for m in outputs.values()]))
     if spec == "min_cosine":

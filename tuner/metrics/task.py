@@ -20,6 +20,7 @@ mean the metric was pointed at the wrong output, so they raise :class:`TunerErro
 
 from __future__ import annotations
 
+import glob as _glob
 import importlib
 import importlib.util
 import math
@@ -446,3 +447,102 @@ def higher_is_better(kind: str) -> bool:
         return KINDS[kind.strip().lower()]
     except KeyError:
         raise TunerError(f"unknown metric kind {kind!r}; known: {', '.join(KINDS)}") from None
+
+
+class LabelSet:
+    """Per-output label files, paired with the evaluation samples by sorted file name.
+
+    ``patterns`` maps an output name to a glob (``data/labels/seg_*.npy``), relative to ``base``.
+    Files are read one sample at a time, like the data themselves.
+    """
+
+    def __init__(self, patterns: dict[str, str], base: Path, n_samples: int):
+        self.files: dict[str, list[Path]] = {}
+        for output, pattern in patterns.items():
+            full = pattern if Path(pattern).is_absolute() else str(Path(base) / pattern)
+            files = sorted(Path(p) for p in _glob.glob(full))
+            if len(files) < n_samples:
+                raise TunerError(f"labels for output {output!r}: {len(files)} files match {pattern!r} but there are "
+                                 f"{n_samples} evaluation samples; give one label file per sample (sorted by name)")
+            self.files[output] = files[:n_samples]
+
+    def sample(self, i: int) -> dict[str, np.ndarray]:
+        out = {}
+        for output, files in self.files.items():
+            try:
+                out[output] = np.load(files[i], allow_pickle=False)
+            except Exception as exc:
+                raise TunerError(f"{files[i]}: not a readable .npy label file ({exc})") from None
+        return out
+
+
+class TaskScore:
+    """The selected task metrics, accumulated over one evaluation pass (one instance per pass).
+
+    Against labels where the output has them (mIoU, depth errors, top-1 accuracy), else
+    against the float model's output (agreement, depth error relative to float).
+    """
+
+    def __init__(self, specs: list[MetricSpec], user_base: Path | None = None):
+        self.specs = specs
+        self._acc: dict[MetricSpec, Any] = {}
+        for spec in specs:
+            if spec.kind == "user":
+                self._acc[spec] = UserMetric.from_spec(spec.user, base_dir=user_base)
+            elif spec.kind == "seg_agreement":
+                self._acc[spec] = SegAgreement()
+            elif spec.kind == "miou":
+                self._acc[spec] = SegIoU()
+            elif spec.kind in ("absrel", "rmse", "delta1"):
+                self._acc[spec] = DepthError()
+            else:
+                self._acc[spec] = Top1()
+
+    def update(self, ref: dict[str, np.ndarray], quant: dict[str, np.ndarray],
+               labels: dict[str, np.ndarray] | None = None) -> None:
+        labels = labels or {}
+        for spec, acc in self._acc.items():
+            if spec.kind == "user":
+                acc.update(ref, quant, labels or None)
+                continue
+            if spec.output not in quant:
+                raise TunerError(f"metric {spec.kind}:{spec.output}: the model has no output {spec.output!r}; it has "
+                                 f"{', '.join(quant)}")
+            label = labels.get(spec.output)
+            if spec.kind == "seg_agreement":
+                acc.update(ref[spec.output], quant[spec.output])
+            elif spec.kind == "miou":
+                if label is None:
+                    raise TunerError(f"metric miou:{spec.output} needs label maps: set labels: {{{spec.output}: "
+                                     f"'folder/*.npy'}} in the search space (or use seg_agreement:{spec.output})")
+                acc.update(quant[spec.output], label)
+            elif spec.kind in ("absrel", "rmse", "delta1"):
+                acc.update(quant[spec.output], label if label is not None else ref[spec.output])
+            elif label is not None:
+                acc.update_labels(quant[spec.output], label)
+            else:
+                acc.update(ref[spec.output], quant[spec.output])
+
+    def results(self) -> dict[str, float]:
+        out = {}
+        for spec, acc in self._acc.items():
+            name = spec_text(spec)
+            if spec.kind == "user":
+                out[name] = acc.value
+            elif spec.kind == "seg_agreement":
+                out[name] = acc.agreement
+            elif spec.kind == "miou":
+                out[name] = acc.miou
+            elif spec.kind == "absrel":
+                out[name] = acc.abs_rel
+            elif spec.kind == "rmse":
+                out[name] = acc.rmse
+            elif spec.kind == "delta1":
+                out[name] = acc.delta1
+            else:
+                out[name] = acc.accuracy if acc.labelled else acc.agreement
+        return out
+
+
+def spec_text(spec: MetricSpec) -> str:
+    return f"user:{spec.user}" if spec.kind == "user" else f"{spec.kind}:{spec.output}"

@@ -24,6 +24,7 @@ from tuner.graph import Graph, Target
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
+from tuner.metrics.task import TaskScore
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import WeightCache, build_sim_model, weight_axis
 from tuner.simulate.scales import ScaleTable
@@ -54,6 +55,7 @@ class Evaluation:
     calibration: Calibration                      # the explicit calibration that was simulated
     outputs: dict[str, dict[str, float]]
     plan: Plan
+    task: dict[str, float] = field(default_factory=dict)     # task metrics by spec text ("miou:seg")
     nodes: list[NodeRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -72,13 +74,17 @@ class Simulator:
     """Evaluates candidates of one model on one data set. Not thread-safe; one per process."""
 
     def __init__(self, model: LoadedModel, target: Target, stats: dict[str, TensorStats], data: DataSet,
-                 threads: int | None = None, session_cache: int = 4, thresholds: ThresholdMemo | None = None):
+                 threads: int | None = None, session_cache: int = 4, thresholds: ThresholdMemo | None = None,
+                 task_metrics: list | None = None, labels=None, user_base=None):
         self.model = model
         self.target = target
         self.stats = stats
         self.thresholds = thresholds or ThresholdMemo(stats)
         self.data = data
         self.threads = threads  # samples run in parallel (each session single-threaded)
+        self.task_metrics = list(task_metrics or [])   # tuner.metrics.task.MetricSpec
+        self.labels = labels                           # tuner.metrics.task.LabelSet or None
+        self.user_base = user_base
         self.graph = Graph(model.proto)
         self.weights = WeightCache()
         self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
@@ -176,6 +182,7 @@ class Simulator:
         sim_names = outputs + [raw.get(t, t) for t in extra if t not in outputs]
         sims = {o: Similarity() for o in outputs}
         node_sims = {t: Similarity() for t in extra}
+        task = TaskScore(self.task_metrics, self.user_base) if self.task_metrics else None
         if per_node:
             float_nodes = make_session(with_outputs(self.model.proto, extra))
             refs = run_samples(float_nodes, extra, self.data, self.threads)
@@ -186,12 +193,16 @@ class Simulator:
                 if not np.isfinite(q).all():
                     raise FloatingPointError(f"the simulated model produced non-finite values at output {o!r}")
                 sims[o].update(self.reference[i][o], q)
+            if task is not None:
+                task.update(self.reference[i], {o: values[o] for o in outputs},
+                            self.labels.sample(i) if self.labels is not None else None)
             if per_node:
                 ref = dict(zip(extra, next(refs)))
                 for t in extra:
                     node_sims[t].update(ref[t], values[t] if t in outputs else values[raw.get(t, t)])
         ev = Evaluation(candidate=candidate, calibration=calibration,
-                        outputs={o: s.as_dict() for o, s in sims.items()}, plan=plan)
+                        outputs={o: s.as_dict() for o, s in sims.items()}, plan=plan,
+                        task=task.results() if task is not None else {})
         if per_node:
             ev.nodes = self._rows(plan, calibration, node_sims)
         return ev

@@ -140,6 +140,7 @@ class Search:
         paths = StudyPaths(Path(results_dir) / name)
         ws = Workspace.open(space.base, data=space.eval_data, limit=space.raw["eval_limit"], march=space.raw["march"],
                             threads=threads, progress=None if quiet else progress_printer("calibration statistics"))
+        ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
         base = ws.base_candidate()
         cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
         sensitivity: dict[str, float] = {}
@@ -331,14 +332,15 @@ class Search:
             return values if len(values) > 1 else values[0]
         try:
             ev = self.ws.simulator.evaluate(cand)
-            acc = accuracy(ev.outputs, obj["accuracy"])
+            acc = accuracy(ev.outputs, obj["accuracy"], ev.task)
             if not math.isfinite(acc):
                 raise FloatingPointError(f"accuracy is {acc}")
         except Exception as exc:
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
             raise
         lat = self.cost.latency(ev.plan)
-        record = {"key": key, "accuracy": acc, "outputs": ev.outputs, "latency": lat.as_dict(), "counts": ev.counts(),
+        record = {"key": key, "accuracy": acc, "outputs": ev.outputs, "task": ev.task, "latency": lat.as_dict(),
+                  "counts": ev.counts(),
                   "calibration": {"method": ev.calibration.describe(), "requested": cand.calibration.describe()},
                   "candidate": cand.to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes, "notes": ev.notes[:20],
                   "seconds": ev.seconds}
@@ -428,11 +430,13 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
 def trials_csv(rows: list[results.Row]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes",
-                "calibration", "plan"])
+    task = list(dict.fromkeys(k for r in rows for k in r.record.get("task", {})))
+    w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes"] + task
+               + ["calibration", "plan"])
     for r in sorted(rows, key=lambda r: r.number):
+        values = [f"{r.record['task'][k]:.6f}" if k in r.record.get("task", {}) else "" for k in task]
         w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts["subgraphs"],
-                    r.counts["cpu_nodes"], r.counts["int16_nodes"], r.calibration, r.plan or ""])
+                    r.counts["cpu_nodes"], r.counts["int16_nodes"]] + values + [r.calibration, r.plan or ""])
     return buf.getvalue()
 
 

@@ -24,6 +24,7 @@ from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.inputs.config import read_yaml
+from tuner.metrics.task import higher_is_better, parse_metric_spec
 
 DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 
@@ -47,7 +48,7 @@ def _merge(defaults: dict, given: dict, where: str, path: Path) -> dict:
             close = [k for k in defaults if k.startswith(str(key)[:3])]
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TunerError(f"{path}: {where}{key}: unknown key{hint}; see search_spaces/README.md")
-        if isinstance(defaults[key], dict):
+        if isinstance(defaults[key], dict) and defaults[key]:  # an empty default ({}) is a free-form mapping
             if not isinstance(value, dict):
                 raise TunerError(f"{path}: {where}{key}: expected a mapping, got {value!r}")
             out[key] = _merge(defaults[key], value, f"{where}{key}.", path)
@@ -96,6 +97,13 @@ class SearchSpace:
     def study(self) -> dict[str, Any]:
         return self.raw["study"]
 
+    def task_metrics(self) -> list:
+        """The task metrics the evaluations must compute: the objective's (if a task metric) and report's."""
+        texts = list(self.objectives["report"])
+        if not ACCURACY.match(self.objectives["accuracy"]):
+            texts.insert(0, self.objectives["accuracy"])
+        return list(dict.fromkeys(parse_metric_spec(t) for t in texts))
+
     @property
     def name(self) -> str:
         return self.study["name"] or self.path.stem
@@ -103,6 +111,13 @@ class SearchSpace:
     def fingerprint(self) -> str:
         blob = json.dumps(self.raw, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _task_spec(where: str, text: Any):
+    try:
+        return parse_metric_spec(str(text))
+    except TunerError as exc:
+        raise TunerError(f"{where}: {exc}") from None
 
 
 def _list(where: str, value: Any, allowed: tuple | None = None, kind: type | tuple = str) -> list:
@@ -164,9 +179,25 @@ def load_space(path: str | Path) -> SearchSpace:
     o = raw["objectives"]
     if o["mode"] not in MODES:
         raise TunerError(f"{path}: objectives.mode: must be one of {', '.join(MODES)}, got {o['mode']!r}")
-    if not isinstance(o["accuracy"], str) or not ACCURACY.match(o["accuracy"]):
-        raise TunerError(f"{path}: objectives.accuracy: expected mean_cosine, min_cosine, mean_sqnr, "
-                         f"cosine:<output> or sqnr:<output>, got {o['accuracy']!r}")
+    if not isinstance(o["accuracy"], str):
+        raise TunerError(f"{path}: objectives.accuracy: expected a metric name, got {o['accuracy']!r}")
+    if not ACCURACY.match(o["accuracy"]):
+        try:
+            spec = parse_metric_spec(o["accuracy"])
+        except TunerError as exc:
+            raise TunerError(f"{path}: objectives.accuracy: expected mean_cosine, min_cosine, mean_sqnr, "
+                             f"cosine:<output>, sqnr:<output> or a task metric; {exc}") from None
+        if not higher_is_better(spec.kind):
+            raise TunerError(f"{path}: objectives.accuracy: {o['accuracy']!r} is an error (lower is better); the "
+                             "accuracy objective is maximised: use delta1, seg_agreement, miou, top1 or a user score, "
+                             "and list error metrics under objectives.report")
+    if not isinstance(o["report"], list):
+        raise TunerError(f"{path}: objectives.report: expected a list of metrics, got {o['report']!r}")
+    for i, text in enumerate(o["report"]):
+        _task_spec(f"{path}: objectives.report[{i}]", text)
+    if not isinstance(raw["labels"], dict) or not all(isinstance(v, str) for v in raw["labels"].values()):
+        raise TunerError(f"{path}: labels: expected a mapping of output name to a file pattern, e.g. "
+                         "{seg: 'labels/seg_*.npy'}")
     for key in ("min_accuracy", "max_latency_ms"):
         if o[key] is not None and (isinstance(o[key], bool) or not isinstance(o[key], (int, float))):
             raise TunerError(f"{path}: objectives.{key}: expected a number, got {o[key]!r}")
