@@ -124,6 +124,39 @@ def cmd_check_data(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+NO_PREPROCESS = ("--preprocess is required: give your training preprocessing as 'module:function' or "
+                 "'path/to/file.py:function' (it takes an image path and returns the model-input tensor before "
+                 "the YAML's mean/scale); reading images with the YAML's parameters alone is not supported yet")
+
+
+def cmd_make_cal_data(args: argparse.Namespace) -> int:
+    from tuner.inputs.preprocess import make_cal_data
+
+    if not args.preprocess:
+        raise TunerError(NO_PREPROCESS)
+    written = make_cal_data(args.config, Path(args.images), args.preprocess, Path(args.out), limit=args.limit,
+                            overwrite=args.force)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{len(written)} calibration file(s) in {args.out}; point calibration_parameters.cal_data_dir at it")
+    return 0
+
+
+def cmd_check_preprocess(args: argparse.Namespace) -> int:
+    import json
+
+    from tuner.inputs.preprocess import check_preprocess, format_preprocess_report
+
+    if not args.preprocess:
+        raise TunerError(NO_PREPROCESS)
+    report = check_preprocess(args.config, Path(args.images), args.preprocess, limit=args.limit)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, allow_nan=False))
+    else:
+        print(format_preprocess_report(report))
+    return report.exit_code()
+
+
 def _print_summary(study, paths, mode: str, min_accuracy) -> None:
     from tuner.report.text import table
     from tuner.study.results import best, pareto, rows
@@ -213,6 +246,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="read at most this many samples")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_check_data)
+
+    p = sub.add_parser("make-cal-data", help="write hb_mapper calibration files from images with your preprocessing",
+                       description="Run your preprocessing (an image path -> the model-input tensor before the "
+                                   "YAML's mean/scale) on every image in IMAGES and write one numpy.tofile() dump of "
+                                   "cal_data_type per image into --out, as hb_mapper reads cal_data_dir. "
+                                   "Single-input models.")
+    p.add_argument("config", help="the hb_mapper makertbin YAML")
+    p.add_argument("images", help="folder of images (jpg, jpeg, png, bmp, tif, tiff, webp), taken in sorted order")
+    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function'")
+    p.add_argument("--out", required=True, help="folder to write the calibration files into")
+    p.add_argument("--limit", type=int, help="use at most this many images")
+    p.add_argument("--force", action="store_true", help="overwrite existing files of the same names")
+    p.set_defaults(func=cmd_make_cal_data)
+
+    p = sub.add_parser("check-preprocess",
+                       help="check that cal_data_dir holds what your preprocessing makes of the images",
+                       description="Recompute the calibration tensors from the images with your preprocessing and "
+                                   "compare them with the files in cal_data_dir (paired by sorted name), per channel "
+                                   "and through the float model; names RGB/BGR swaps, x255 scales and doubly "
+                                   "normalised files. Exit code 0: consistent, 1: differences, 2: unusable.")
+    p.add_argument("config", help="the hb_mapper makertbin YAML")
+    p.add_argument("images", help="folder of the original images, in the same sorted order as the files")
+    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function'")
+    p.add_argument("--limit", type=int, help="compare at most this many pairs")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_check_preprocess)
 
     p = sub.add_parser("search", help="search node placement, int16 and calibration; resumes an existing study",
                        description="Start, or continue, an Optuna study over the space file's knobs. Results are "

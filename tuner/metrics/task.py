@@ -298,8 +298,10 @@ def _is_path(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def load_user_metric(spec: str, base_dir: str | Path | None = None) -> UserFn:
-    """Load ``"module:function"`` or ``"path/to/file.py:function"``.
+def load_callable(spec: str, base_dir: str | Path | None = None, what: str = "user metric",
+                  signature: str = "fn(outputs_float, outputs_quant, labels) -> float") -> Callable:
+    """Load the user's ``"module:function"`` or ``"path/to/file.py:function"`` (``what`` and
+    ``signature`` word the error messages: metrics and preprocessing callables share this).
 
     A relative file path is resolved against ``base_dir`` (default: the current directory).
     The function is called once per sample as ``fn(outputs_float, outputs_quant, labels)``
@@ -309,16 +311,16 @@ def load_user_metric(spec: str, base_dir: str | Path | None = None) -> UserFn:
     """
     target, sep, fn_name = str(spec).strip().rpartition(":")
     if not sep or not target or not fn_name or not fn_name.isidentifier():
-        raise TunerError(f"user metric {spec!r}: expected {_USER_FORMS}")
+        raise TunerError(f"{what} {spec!r}: expected {_USER_FORMS}")
     if _is_path(target):
         path = Path(target).expanduser()
         if not path.is_absolute() and base_dir is not None:
             path = Path(base_dir) / path
         if not path.is_file():
-            raise TunerError(f"user metric {spec!r}: file {str(path)!r} not found; give an existing "
+            raise TunerError(f"{what} {spec!r}: file {str(path)!r} not found; give an existing "
                              "path (relative paths are resolved against "
                              f"{str(base_dir) if base_dir is not None else 'the current directory'})")
-        mod_name = f"_tuner_user_metric_{abs(hash(str(path.resolve())))}"
+        mod_name = f"_tuner_user_{abs(hash(str(path.resolve())))}"
         try:
             mspec = importlib.util.spec_from_file_location(mod_name, path)
             module = importlib.util.module_from_spec(mspec)
@@ -326,33 +328,40 @@ def load_user_metric(spec: str, base_dir: str | Path | None = None) -> UserFn:
             mspec.loader.exec_module(module)
         except Exception as e:  # the user's file is user input
             sys.modules.pop(mod_name, None)
-            raise TunerError(f"user metric {spec!r}: loading {str(path)!r} failed: "
+            raise TunerError(f"{what} {spec!r}: loading {str(path)!r} failed: "
                              f"{type(e).__name__}: {e}; fix the file") from e
     else:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
             if e.name and (target == e.name or target.startswith(e.name + ".")):
-                raise TunerError(f"user metric {spec!r}: module {target!r} not found; put its "
+                raise TunerError(f"{what} {spec!r}: module {target!r} not found; put its "
                                  f"directory on PYTHONPATH, install it, or use 'path/to/file.py:"
                                  f"{fn_name}'") from e
-            raise TunerError(f"user metric {spec!r}: importing {target!r} failed: {e}; install "
+            raise TunerError(f"{what} {spec!r}: importing {target!r} failed: {e}; install "
                              "the missing dependency") from e
         except Exception as e:
-            raise TunerError(f"user metric {spec!r}: importing {target!r} failed: "
+            raise TunerError(f"{what} {spec!r}: importing {target!r} failed: "
                              f"{type(e).__name__}: {e}; fix the module") from e
     if not hasattr(module, fn_name):
         public = sorted(n for n, v in vars(module).items()
                         if callable(v) and not n.startswith("_"))
-        raise TunerError(f"user metric {spec!r}: {target!r} has no function {fn_name!r}"
+        raise TunerError(f"{what} {spec!r}: {target!r} has no function {fn_name!r}"
                          + (f"; it defines {', '.join(public)}" if public else "")
                          + "; fix the name after the ':'")
     fn = getattr(module, fn_name)
     if not callable(fn):
-        raise TunerError(f"user metric {spec!r}: {fn_name!r} in {target!r} is a "
+        raise TunerError(f"{what} {spec!r}: {fn_name!r} in {target!r} is a "
                          f"{type(fn).__name__}, not a function; point the spec at a function "
-                         "fn(outputs_float, outputs_quant, labels) -> float")
+                         f"{signature}")
     return fn
+
+def load_user_metric(spec: str, base_dir: str | Path | None = None) -> UserFn:
+    """A user metric, called once per sample as ``fn(outputs_float, outputs_quant, labels)``
+    (dicts of output name -> array; ``labels`` a dict or None), returning a finite number that
+    :class:`UserMetric` averages. Its exceptions propagate unchanged; loading problems raise
+    :class:`TunerError`."""
+    return load_callable(spec, base_dir)
 
 
 @dataclass
