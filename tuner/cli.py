@@ -124,16 +124,9 @@ def cmd_check_data(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
-NO_PREPROCESS = ("--preprocess is required: give your training preprocessing as 'module:function' or "
-                 "'path/to/file.py:function' (it takes an image path and returns the model-input tensor before "
-                 "the YAML's mean/scale); reading images with the YAML's parameters alone is not supported yet")
-
-
 def cmd_make_cal_data(args: argparse.Namespace) -> int:
     from tuner.inputs.preprocess import make_cal_data
 
-    if not args.preprocess:
-        raise TunerError(NO_PREPROCESS)
     written = make_cal_data(args.config, Path(args.images), args.preprocess, Path(args.out), limit=args.limit,
                             overwrite=args.force)
     for path in written:
@@ -147,8 +140,6 @@ def cmd_check_preprocess(args: argparse.Namespace) -> int:
 
     from tuner.inputs.preprocess import check_preprocess, format_preprocess_report
 
-    if not args.preprocess:
-        raise TunerError(NO_PREPROCESS)
     report = check_preprocess(args.config, Path(args.images), args.preprocess, limit=args.limit)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, allow_nan=False))
@@ -254,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Single-input models.")
     p.add_argument("config", help="the hb_mapper makertbin YAML")
     p.add_argument("images", help="folder of images (jpg, jpeg, png, bmp, tif, tiff, webp), taken in sorted order")
-    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function'")
+    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
+                                        "(default: read and resize the images as the YAML's input parameters say)")
     p.add_argument("--out", required=True, help="folder to write the calibration files into")
     p.add_argument("--limit", type=int, help="use at most this many images")
     p.add_argument("--force", action="store_true", help="overwrite existing files of the same names")
@@ -268,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "normalised files. Exit code 0: consistent, 1: differences, 2: unusable.")
     p.add_argument("config", help="the hb_mapper makertbin YAML")
     p.add_argument("images", help="folder of the original images, in the same sorted order as the files")
-    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function'")
+    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
+                                        "(default: read and resize the images as the YAML's input parameters say)")
     p.add_argument("--limit", type=int, help="compare at most this many pairs")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_check_preprocess)

@@ -304,8 +304,31 @@ def test_cli_make_then_check(project):
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and "--force" in r.stderr
 
 
-def test_cli_without_preprocess_is_a_one_line_error(project):
+def test_cli_without_preprocess_on_a_featuremap_input_is_a_one_line_error(project):
     r = _run("check-preprocess", "hb_config.yaml", "images", cwd=project)
     assert r.returncode == 2
-    assert r.stderr.startswith("tuner: error: --preprocess is required") and r.stderr.count("\n") == 1
-    assert "not supported yet" in r.stderr
+    assert r.stderr.startswith("tuner: error: input_type_train is featuremap") and r.stderr.count("\n") == 1
+    assert "--preprocess" in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["rgb", "bgr"])
+def test_images_read_as_the_yaml_describes(project, kind):
+    """Without --preprocess: decoded, resized to input_shape, in input_type_train order, 0..255."""
+    from PIL import Image
+
+    text = hb_yaml("model.onnx", "x", f"1x3x{H}x{W}").replace("input_type_train: 'featuremap'",
+                                                             f"input_type_train: '{kind}'")
+    text = text.replace("input_type_rt: 'featuremap'", "input_type_rt: 'bgr'").replace(
+        "norm_type: 'no_preprocess'", "norm_type: 'data_scale'\n  scale_value: 0.00392156862745098")
+    (project / "hb_config.yaml").write_text(text)
+    written = make_cal_data(project / "hb_config.yaml", project / "images", None, project / "cal")
+    images = sorted((project / "images").glob("*.png"))
+    assert len(written) == len(images)
+    for path, image in zip(written, images):
+        got = np.fromfile(path, np.float32).reshape(1, 3, H, W)
+        with Image.open(image) as img:
+            want = np.asarray(img.convert("RGB").resize((W, H), Image.BILINEAR), np.float32)
+        if kind == "bgr":
+            want = want[..., ::-1]
+        np.testing.assert_array_equal(got[0], want.transpose(2, 0, 1))
+        assert got.max() > 2.0   # raw pixels: the model's data_scale does the /255

@@ -26,7 +26,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.checks import ERROR, INFO, SEVERITIES, WARNING, Finding
-from tuner.inputs.config import HbConfig, load_config
+from tuner.inputs.config import HbConfig, InputSpec, load_config
 from tuner.inputs.data import DTYPES, DataSet, InputData, _per_channel
 from tuner.inputs.model import LoadedModel, load_model
 from tuner.metrics.task import load_callable
@@ -68,6 +68,57 @@ def load_preprocess(spec: str, base_dir: str | Path | None = None,
 
     run.spec = label  # type: ignore[attr-defined]
     return run
+
+
+YAML_PREPROCESS = "the YAML's input parameters"
+
+
+def preprocessor(spec: str | None, config: HbConfig, data: InputData) -> tuple[PreprocessFn, str]:
+    """The user's callable when given, else the image reading the YAML describes; and its label."""
+    if spec:
+        return load_preprocess(spec, shape=data.shape), str(spec).strip()
+    return yaml_preprocess(config.inputs[0], data.shape), YAML_PREPROCESS
+
+
+def yaml_preprocess(spec: InputSpec, shape: tuple[int, ...]) -> PreprocessFn:
+    """Images read the way the YAML describes the input: decoded, resized (bilinear) to
+    ``input_shape``, converted to ``input_type_train`` (rgb / bgr / gray / yuv444) in
+    ``input_layout_train``, pixel values 0..255 (mean/scale stay in the model, as hb_mapper's
+    HzPreprocess applies them). This is what hb_mapper's own ``preprocess_on`` reading does;
+    a training pipeline that crops or resizes differently needs ``--preprocess``."""
+    if spec.type_train == "featuremap":
+        raise TunerError("input_type_train is featuremap: images cannot be turned into a feature map from the YAML's "
+                         "parameters; give your preprocessing with --preprocess module:function")
+    try:
+        from PIL import Image
+    except ImportError:
+        raise TunerError("reading images needs Pillow: pip install 'tuner[images]' (or pillow), or give "
+                         "--preprocess module:function") from None
+    if len(shape) != 4:
+        raise TunerError(f"input_shape {_dims(shape)}: reading images needs a 4-D NCHW or NHWC input")
+    nhwc = spec.layout_train == "NHWC"
+    height, width, channels = (shape[1], shape[2], shape[3]) if nhwc else (shape[2], shape[3], shape[1])
+    gray = spec.type_train == "gray"
+    if channels != (1 if gray else 3):
+        raise TunerError(f"input_type_train {spec.type_train} needs {1 if gray else 3} channel(s) but input_shape "
+                         f"{_dims(shape)} has {channels}")
+
+    def read(path: Path) -> np.ndarray:
+        try:
+            with Image.open(path) as img:
+                mode = {"gray": "L", "yuv444": "YCbCr"}.get(spec.type_train, "RGB")
+                img = img.convert(mode).resize((width, height), Image.BILINEAR)
+                a = np.asarray(img, dtype=np.float32)
+        except (OSError, ValueError) as exc:
+            raise TunerError(f"{path}: not a readable image ({exc})") from None
+        if gray:
+            a = a[..., None]
+        if spec.type_train == "bgr":
+            a = a[..., ::-1]
+        a = a if nhwc else a.transpose(2, 0, 1)
+        return np.ascontiguousarray(a[None])
+
+    return read
 
 
 def _check_result(value, path: Path, label: str, shape: tuple[int, ...] | None) -> np.ndarray:
@@ -206,7 +257,7 @@ def _write_atomic(path: Path, arr: np.ndarray) -> None:
         raise
 
 
-def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str, out: str | Path,
+def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str | None, out: str | Path,
                   limit: int | None = None, overwrite: bool = False) -> list[Path]:
     """Write one calibration file per image of ``images`` into ``out``; return their paths.
 
@@ -217,8 +268,7 @@ def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str, 
     """
     config, _, data = _open(config_path, "make-cal-data")
     files = list_images(images, limit)
-    fn = load_preprocess(preprocess, shape=data.shape)
-    label = str(preprocess).strip()
+    fn, label = preprocessor(preprocess, config, data)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"{out}: exists and is not a folder; --out needs a folder")
@@ -408,7 +458,7 @@ def _signature(a: np.ndarray, b: np.ndarray, frange: np.ndarray, data: InputData
     return "affine", f"the files are a * recomputed + b per channel with a = {fmt(a)}, b = {fmt(b)}"
 
 
-def check_preprocess(config_path: str | Path, images: str | Path, preprocess: str,
+def check_preprocess(config_path: str | Path, images: str | Path, preprocess: str | None,
                      limit: int | None = None) -> PreprocessReport:
     """Recompute the calibration tensors from ``images`` with ``preprocess`` and compare them
     with the files in ``cal_data_dir`` (paired by sorted order, the first min(counts) pairs).
@@ -425,8 +475,7 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
     if config.inputs[0].cal_dir is None:
         raise TunerError(f"{config.path}: calibration_parameters.cal_data_dir is not set; nothing to compare with")
     image_files = list_images(images)
-    fn = load_preprocess(preprocess, shape=data.shape)
-    label = str(preprocess).strip()
+    fn, label = preprocessor(preprocess, config, data)
     report = PreprocessReport(config=Path(config_path), images=Path(images), cal_dir=data.folder, preprocess=label,
                               input=data.name, n_images=len(image_files), n_files=0, compared=0)
     raw = replace(data, mean=None, scale=None)     # the file values, before mean/scale
