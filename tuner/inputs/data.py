@@ -48,6 +48,7 @@ class DataSet:
 
     def __init__(self, inputs: list[InputData], limit: int | None = None):
         self.inputs = inputs
+        self._fingerprint: str | None = None
         self.files: list[list[Path]] = []
         for spec in inputs:
             if not spec.folder.is_dir():
@@ -124,7 +125,15 @@ class DataSet:
         return [files[i] for files in self.files]
 
     def fingerprint(self) -> str:
-        """sha256 over the used files' bytes and the preprocessing, so any change is noticed."""
+        """sha256 over the used files' bytes and the preprocessing, so any change is noticed.
+
+        Computed once per DataSet: hashing hundreds of MB again for every exported trial would
+        put seconds into the search loop."""
+        if self._fingerprint is None:
+            self._fingerprint = self._hash()
+        return self._fingerprint
+
+    def _hash(self) -> str:
         h = hashlib.sha256()
         for spec, files in zip(self.inputs, self.files):
             h.update(f"{spec.name}|{spec.dtype}|{spec.shape}|{spec.mean}|{spec.scale}".encode())
