@@ -62,11 +62,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from tuner.study.runner import Search, duration, install_stop_handlers, run
+    from tuner.study.runner import Search, duration, install_stop_handlers, redact, run
 
-    # Ctrl-C (even in a process that inherited SIGINT as ignored) and SIGTERM from schedulers:
-    # finish the running trial, keep the storage consistent, print the summary.
-    install_stop_handlers(lambda text: print(f"tuner: {text}", file=sys.stderr, flush=True))
+    import signal
+
+    # During set-up Ctrl-C interrupts at once (a process started in the background inherits
+    # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if not _data_ok(args.space):
         return 2
     search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
@@ -79,7 +81,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     r = search.resolved
     print(f"study {search.name}: {len(r.decisions)} node decision(s), calibration knobs "
           f"{', '.join(r.calibration_params) or 'fixed'}; mode {search.mode}; storage "
-          f"{search.storage_url and __import__('tuner.study.runner', fromlist=['redact']).redact(search.storage_url) or search.paths.journal}")
+          f"{redact(search.storage_url) if search.storage_url else search.paths.journal}")
+    # Ctrl-C and SIGTERM (schedulers) from here on: finish the running trial, keep the storage
+    # consistent, print the summary; a second Ctrl-C aborts the trial.
+    install_stop_handlers(lambda text: print(f"tuner: {text}", file=sys.stderr, flush=True))
     study, info = run(search, n_trials, timeout, args.jobs, seed, retry_failed=args.retry_failed)
     if info["zombies"]:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}")
