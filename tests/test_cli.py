@@ -7,7 +7,6 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import write_tiny_project
 
 
 def run(*args, cwd=None):

@@ -1,4 +1,3 @@
-import dataclasses
 
 import numpy as np
 import onnx

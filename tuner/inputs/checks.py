@@ -31,7 +31,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.config import HbConfig, InputSpec, load_config
-from tuner.inputs.data import DTYPES, DataSet, InputData, _image_kind, _per_channel
+from tuner.inputs.data import DTYPES, DataSet, InputData, _image_kind, input_data
 from tuner.inputs.model import load_model
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -84,13 +84,10 @@ class ChannelStats:
     raw_max: float | None = None
 
 
-@dataclass
-class DataReport:
-    config: Path
-    samples: int                       # usable samples (every input's file readable and finite)
-    inputs: list[str]
-    stats: list[ChannelStats]
-    findings: list[Finding] = field(default_factory=list)
+class FindingsReport:
+    """What reports made of findings share: counts and the CLI's exit code."""
+
+    findings: list[Finding]
 
     def count(self, severity: str) -> int:
         return sum(f.severity == severity for f in self.findings)
@@ -103,6 +100,15 @@ class DataReport:
         if self.count(ERROR):
             return 2
         return 1 if self.count(WARNING) else 0
+
+
+@dataclass
+class DataReport(FindingsReport):
+    config: Path
+    samples: int                       # usable samples (every input's file readable and finite)
+    inputs: list[str]
+    stats: list[ChannelStats]
+    findings: list[Finding] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"config": str(self.config), "samples": self.samples, "inputs": list(self.inputs),
@@ -152,12 +158,6 @@ class _Acc:
         return out
 
 
-def _channel_axis(shape: tuple[int, ...], layout: str) -> int | None:
-    if len(shape) == 4:
-        return 1 if layout == "NCHW" else 3
-    return 1 if len(shape) >= 2 else None
-
-
 def _axis(data: InputData) -> int | None:
     return data.channel_axis if len(data.shape) >= 2 else None
 
@@ -203,28 +203,7 @@ def _fmt(v: float | None) -> str:
 def _resolve_inputs(config: HbConfig, input_shapes: dict[str, tuple[int, ...]],
                     data_dirs: list[Path] | None) -> list[tuple[InputData, InputSpec]]:
     """The InputData of every model input, as dataset_from_config builds them (no file access)."""
-    names = list(input_shapes)
-    if len(config.inputs) != len(names):
-        raise TunerError(f"the YAML describes {len(config.inputs)} inputs but the model has {len(names)}: {names}; "
-                         "list them in input_parameters.input_name")
-    if data_dirs is not None and len(data_dirs) != len(names):
-        raise TunerError(f"--data gives {len(data_dirs)} folders for a model with {len(names)} inputs; "
-                         "separate one folder per input with ';'")
-    out = []
-    for i, spec in enumerate(config.inputs):
-        name = spec.name or names[i]
-        if name not in input_shapes:
-            raise TunerError(f"input_parameters.input_name {name!r} is not a model input; the model has {names}")
-        shape = input_shapes[name]
-        folder = data_dirs[i] if data_dirs is not None else spec.cal_dir
-        if folder is None:
-            raise TunerError(f"no calibration folder for input {name!r}; set calibration_parameters.cal_data_dir")
-        axis = _channel_axis(shape, spec.layout_train)
-        out.append((InputData(name=name, folder=Path(folder), dtype=spec.cal_type or "float32", shape=shape,
-                              mean=_per_channel(spec.mean, shape, spec.layout_train),
-                              scale=_per_channel(spec.scale, shape, spec.layout_train),
-                              channel_axis=axis if axis is not None else 0), spec))
-    return out
+    return list(zip(input_data(config.inputs, input_shapes, data_dirs), config.inputs))
 
 
 def _read_raw(data: InputData, path: Path) -> tuple[np.ndarray | None, Finding | None]:

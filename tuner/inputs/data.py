@@ -160,9 +160,18 @@ def _per_channel(values: tuple[float, ...] | None, shape: tuple[int, ...], layou
     return arr.reshape(bshape)
 
 
-def dataset_from_config(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
-                        folders: list[Path] | None = None, limit: int | None = None) -> DataSet:
-    """Build the DataSet the YAML describes; ``folders`` replaces ``cal_data_dir`` (``--data``)."""
+def channel_axis(shape: tuple[int, ...], layout: str) -> int | None:
+    """The channel axis of an input: 1 for NCHW, 3 for NHWC (4-D), else 1 (rank >= 2) or None."""
+    if len(shape) == 4:
+        return 1 if layout == "NCHW" else 3
+    return 1 if len(shape) >= 2 else None
+
+
+def input_data(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
+               folders: list[Path] | None = None, require_folder: bool = True) -> list[InputData]:
+    """How each model input's samples are read, from the YAML (no file access).
+
+    ``folders`` replaces ``cal_data_dir`` (``--data``)."""
     names = list(input_shapes)
     if len(specs) != len(names):
         raise TunerError(f"the YAML describes {len(specs)} inputs but the model has {len(names)}: {names}; "
@@ -177,10 +186,18 @@ def dataset_from_config(specs: list[InputSpec], input_shapes: dict[str, tuple[in
             raise TunerError(f"input_parameters.input_name {name!r} is not a model input; the model has {names}")
         shape = input_shapes[name]
         folder = folders[i] if folders is not None else spec.cal_dir
-        if folder is None:
+        if folder is None and require_folder:
             raise TunerError(f"no calibration folder for input {name!r}; set calibration_parameters.cal_data_dir")
-        dtype = spec.cal_type or "float32"
-        inputs.append(InputData(name=name, folder=Path(folder), dtype=dtype, shape=shape,
+        axis = channel_axis(shape, spec.layout_train)
+        inputs.append(InputData(name=name, folder=Path(folder) if folder is not None else Path(),
+                                dtype=spec.cal_type or "float32", shape=shape,
                                 mean=_per_channel(spec.mean, shape, spec.layout_train),
-                                scale=_per_channel(spec.scale, shape, spec.layout_train)))
-    return DataSet(inputs, limit=limit)
+                                scale=_per_channel(spec.scale, shape, spec.layout_train),
+                                channel_axis=axis if axis is not None else 0))
+    return inputs
+
+
+def dataset_from_config(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
+                        folders: list[Path] | None = None, limit: int | None = None) -> DataSet:
+    """Build the DataSet the YAML describes; ``folders`` replaces ``cal_data_dir`` (``--data``)."""
+    return DataSet(input_data(specs, input_shapes, folders), limit=limit)

@@ -25,9 +25,9 @@ from typing import Callable
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.inputs.checks import ERROR, INFO, SEVERITIES, WARNING, Finding
+from tuner.inputs.checks import ERROR, INFO, SEVERITIES, WARNING, Finding, FindingsReport
 from tuner.inputs.config import HbConfig, InputSpec, load_config
-from tuner.inputs.data import DTYPES, DataSet, InputData, _per_channel
+from tuner.inputs.data import DTYPES, DataSet, InputData, input_data
 from tuner.inputs.model import LoadedModel, load_model
 from tuner.metrics.task import load_callable
 
@@ -165,12 +165,6 @@ def list_images(folder: str | Path, limit: int | None = None) -> list[Path]:
     return files[:limit] if limit is not None else files
 
 
-def _channel_axis(shape: tuple[int, ...], layout: str) -> int | None:
-    if len(shape) == 4:
-        return 1 if layout == "NCHW" else 3
-    return 1 if len(shape) >= 2 else None
-
-
 def _single_input(config: HbConfig, model: LoadedModel, command: str) -> InputData:
     """The one model input, as tuner.inputs.data reads it (mean/scale included)."""
     names = model.input_names
@@ -179,14 +173,7 @@ def _single_input(config: HbConfig, model: LoadedModel, command: str) -> InputDa
                          f"({', '.join(names)}): write each input's folder (its cal_data_dir entry) with your own "
                          "script, one numpy.tofile() dump of cal_data_type per sample, the same sorted file order "
                          "in every folder")
-    spec = config.inputs[0]
-    name = names[0]
-    shape = model.input_shapes[name]
-    axis = _channel_axis(shape, spec.layout_train)
-    return InputData(name=name, folder=Path(spec.cal_dir) if spec.cal_dir else Path(), dtype=spec.cal_type or "float32",
-                     shape=shape, mean=_per_channel(spec.mean, shape, spec.layout_train),
-                     scale=_per_channel(spec.scale, shape, spec.layout_train),
-                     channel_axis=axis if axis is not None else 0)
+    return input_data(config.inputs, model.input_shapes, require_folder=False)[0]
 
 
 def _open(config_path: str | Path, command: str) -> tuple[HbConfig, LoadedModel, InputData]:
@@ -328,7 +315,7 @@ class OutputDiff:
 
 
 @dataclass
-class PreprocessReport:
+class PreprocessReport(FindingsReport):
     config: Path
     images: Path
     cal_dir: Path
@@ -340,18 +327,6 @@ class PreprocessReport:
     channels: list[ChannelDiff] = field(default_factory=list)
     outputs: list[OutputDiff] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-
-    def count(self, severity: str) -> int:
-        return sum(f.severity == severity for f in self.findings)
-
-    def codes(self) -> set[str]:
-        return {f.code for f in self.findings}
-
-    def exit_code(self) -> int:
-        """0: the files match the preprocessing, 1: differences, 2: unusable (nothing to compare)."""
-        if self.count(ERROR):
-            return 2
-        return 1 if self.count(WARNING) else 0
 
     def as_dict(self) -> dict:
         return {"config": str(self.config), "images": str(self.images), "cal_dir": str(self.cal_dir),

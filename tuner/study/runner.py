@@ -35,7 +35,7 @@ from tuner.inputs.model import file_fingerprint
 from tuner.metrics.accuracy import accuracy
 from tuner.sensitivity import cached_sensitivity, leave_one_float
 from tuner.study import results
-from tuner.study.space import ResolvedSpace, SearchSpace, load_space, parse_duration, resolve, setting_choice
+from tuner.study.space import ResolvedSpace, SearchSpace, load_space, parse_duration, resolve
 from tuner.workspace import Workspace
 
 STUDY_ATTR = "tuner"
