@@ -149,3 +149,26 @@ def test_simulated_graph_is_a_valid_topologically_sorted_onnx_model(ws):
         seen.update(node.output)
     quant = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     assert any(n.input[0] == "/gate/Conv_out" for n in quant) or any("int16" in n.name for n in quant)
+
+
+def test_external_weights_give_the_same_outputs_and_leave_the_graph(tmp_path):
+    """Static weights go to onnxruntime once as OrtValues; per-candidate tensors stay inline."""
+    from helpers import write_example_project
+    from tuner.simulate.qdq import ExternalWeights, build_sim_model
+
+    ex = Workspace.open(write_example_project(tmp_path / "ex", n_cal=4, n_eval=2))
+    sim = ex.simulator
+    for cal in (Calibration("max"), Calibration("max", per_channel=True)):
+        cand = Candidate.make(cal, {"/Slice": {"InputType": "int16"}})
+        plan, scales = sim.plan(cand), sim.scales(cal)
+        ext = ExternalWeights()
+        outside = build_sim_model(ex.model.proto, sim.graph, ex.target, plan, scales, sim.weights, external=ext)
+        inline = build_sim_model(ex.model.proto, sim.graph, ex.target, plan, scales, sim.weights)
+        stubs = [t.name for t in outside.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        assert stubs and all("__w8pc" in n or n in sim.graph.initializers for n in stubs)
+        assert outside.ByteSize() < inline.ByteSize() / 4
+        sample = next(iter(ex.eval_data))
+        a = make_session(outside, external=ext).run(None, sample)
+        b = make_session(inline).run(None, sample)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)

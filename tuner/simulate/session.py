@@ -21,7 +21,7 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-def make_session(model: onnx.ModelProto | bytes, threads: int | None = 1) -> ort.InferenceSession:
+def make_session(model: onnx.ModelProto | bytes, threads: int | None = 1, external=None) -> ort.InferenceSession:
     """A CPU session; ``threads`` is onnxruntime's intra-op pool (1: parallelism comes from
     running several samples at once, see :func:`run_samples`, which measured faster here)."""
     opts = ort.SessionOptions()
@@ -33,6 +33,12 @@ def make_session(model: onnx.ModelProto | bytes, threads: int | None = 1) -> ort
     # simulator needs exact fake-quant semantics for every dtype and per-channel activation
     # scales, which those kernels do not all take (QLinearSigmoid rejects per-channel scales).
     opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    if external is not None and not isinstance(model, bytes):
+        # stubs in the graph, values handed over once (tuner.simulate.qdq.ExternalWeights)
+        names = [t.name for t in model.graph.initializer
+                 if t.data_location == onnx.TensorProto.EXTERNAL and t.name in external.values]
+        if names:
+            opts.add_external_initializers(names, [external.values[n] for n in names])
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"],
                                 disabled_optimizers=DISABLED_OPTIMIZERS)

@@ -26,7 +26,7 @@ from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
 from tuner.metrics.task import TaskScore
 from tuner.simulate.plan import Plan, make_plan
-from tuner.simulate.qdq import WeightCache, build_sim_model, weight_axis
+from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
 from tuner.simulate.scales import ScaleTable
 from tuner.simulate.session import make_session, run_samples, with_outputs
 
@@ -87,6 +87,7 @@ class Simulator:
         self.user_base = user_base
         self.graph = Graph(model.proto)
         self.weights = WeightCache()
+        self.external = ExternalWeights()
         self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
         self._session_cache = session_cache
         self._default_choice: dict[tuple, Calibration] = {}
@@ -164,8 +165,8 @@ class Simulator:
             self._sessions.move_to_end(key)
             return self._sessions[key]
         proto = build_sim_model(self.model.proto, self.graph, self.target, plan, self.scales(calibration),
-                                self.weights, extra_outputs=extra)
-        session = make_session(proto)
+                                self.weights, extra_outputs=extra, external=self.external)
+        session = make_session(proto, external=self.external)
         self.session_builds += 1
         self._sessions[key] = session
         while len(self._sessions) > self._session_cache:
