@@ -153,6 +153,48 @@ def cmd_check_preprocess(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+def cmd_sensitivity(args: argparse.Namespace) -> int:
+    import csv
+    import io
+    import json
+
+    from tuner.export.hb_yaml import write_atomic
+    from tuner.report.text import table
+    from tuner.sensitivity import sensitivity_table
+    from tuner.workspace import Workspace, progress_printer
+
+    ws = Workspace.open(args.config, data=_data_dirs(args.data), limit=args.limit, march=args.march,
+                        threads=args.threads, progress=progress_printer("calibration statistics"))
+    nodes = [n.name for n in ws.graph if ws.target.bpu_capable(n.op_type) and ws.graph.data_inputs(n)]
+    rows = sensitivity_table(ws.simulator, ws.base_candidate(), nodes, args.metric,
+                             progress_printer("node sensitivity"))
+    if args.csv:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["node", "op_type", "float_gain", "alone_int8_accuracy", "alone_int8_cosine", "alone_int8_sqnr_db",
+                    "alone_int16_accuracy", "alone_int16_cosine", "alone_int16_sqnr_db"])
+        for r in rows:
+            a16 = r.alone_int16 or {}
+            w.writerow([r.node, r.op_type, f"{r.float_gain:.8f}"]
+                       + [f"{r.alone_int8[k]:.8f}" for k in ("accuracy", "cosine", "sqnr_db")]
+                       + [f"{a16[k]:.8f}" if k in a16 else "" for k in ("accuracy", "cosine", "sqnr_db")])
+        write_atomic(Path(args.csv), buf.getvalue())
+    if args.json:
+        print(json.dumps({"metric": args.metric, "calibration": ws.base_candidate().calibration.describe(),
+                          "nodes": [r.as_dict() for r in rows]}, indent=2))
+        return 0
+    shown = rows[: args.top] if args.top else rows
+    print(f"sensitivity of {len(rows)} BPU node(s) ({args.metric}; calibration "
+          f"{ws.base_candidate().calibration.describe()}); most sensitive first")
+    print(table(["node", "type", "gain if float", "alone int8", "alone int16", "alone int8 SQNR dB"],
+                [[r.node, r.op_type, f"{r.float_gain:+.6f}", f"{r.alone_int8['accuracy']:.6f}",
+                  f"{r.alone_int16['accuracy']:.6f}" if r.alone_int16 else "--", f"{r.alone_int8['sqnr_db']:.1f}"]
+                 for r in shown]))
+    if args.csv:
+        print(f"\nall rows: {args.csv}")
+    return 0
+
+
 def _print_summary(study, paths, mode: str, min_accuracy) -> None:
     from tuner.report.text import table
     from tuner.study.results import best, pareto, rows
@@ -270,6 +312,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="compare at most this many pairs")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_check_preprocess)
+
+    p = sub.add_parser("sensitivity", help="per node: the gain of leaving it float, and the accuracy with it alone "
+                                            "quantized (int8 / int16)",
+                       description="Rank the BPU nodes of the model an hb_mapper YAML describes by how much their "
+                                   "quantization costs, under the YAML's calibration.")
+    p.add_argument("config", help="the hb_mapper makertbin YAML")
+    p.add_argument("--data", help="evaluate on this folder instead of cal_data_dir (';' between inputs)")
+    p.add_argument("--limit", type=int, help="use at most this many evaluation samples")
+    p.add_argument("--metric", default="mean_cosine", help="mean_cosine (default), min_cosine, mean_sqnr, cosine:<out>")
+    p.add_argument("--top", type=int, help="show only the N most sensitive nodes")
+    p.add_argument("--csv", help="write every row to this CSV file")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--march", help="override model_parameters.march")
+    p.add_argument("--threads", type=int, help="evaluation threads (default: all cores)")
+    p.set_defaults(func=cmd_sensitivity)
 
     p = sub.add_parser("search", help="search node placement, int16 and calibration; resumes an existing study",
                        description="Start, or continue, an Optuna study over the space file's knobs. Results are "
