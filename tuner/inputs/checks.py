@@ -101,6 +101,13 @@ class FindingsReport:
             return 2
         return 1 if self.count(WARNING) else 0
 
+    def finding_lines(self, none: str) -> list[str]:
+        """One line per finding (severity, code, message), or ``none`` when there is none."""
+        if not self.findings:
+            return [none]
+        code_w = max(len(f.code) for f in self.findings)
+        return [f"{f.severity.upper():<7}  {f.code:<{code_w}}  {f.message}" for f in self.findings]
+
 
 @dataclass
 class DataReport(FindingsReport):
@@ -492,12 +499,7 @@ def format_report(report: DataReport) -> str:
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append("")
-    if report.findings:
-        code_w = max(len(f.code) for f in report.findings)
-        for f in report.findings:
-            lines.append(f"{f.severity.upper():<7}  {f.code:<{code_w}}  {f.message}")
-    else:
-        lines.append("no findings")
+    lines.extend(report.finding_lines("no findings"))
     lines.append("")
     lines.append(f"{report.count(ERROR)} errors, {report.count(WARNING)} warnings, {report.count(INFO)} info "
                  f"(exit code {report.exit_code()})")

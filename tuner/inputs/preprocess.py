@@ -595,12 +595,7 @@ def format_preprocess_report(report: PreprocessReport) -> str:
         table(["float output", "cosine", "max |diff|"],
               [[o.output, "-" if o.cosine is None else f"{o.cosine:.6f}",
                 "-" if o.max_abs is None else f"{o.max_abs:.4g}"] for o in report.outputs])
-    if report.findings:
-        code_w = max(len(f.code) for f in report.findings)
-        for f in report.findings:
-            lines.append(f"{f.severity.upper():<7}  {f.code:<{code_w}}  {f.message}")
-    else:
-        lines.append("the calibration files match this preprocessing")
+    lines.extend(report.finding_lines("the calibration files match this preprocessing"))
     lines.append("")
     verdict = {0: "consistent", 1: "differences", 2: "unusable"}[report.exit_code()]
     lines.append(f"{verdict} (exit code {report.exit_code()})")
