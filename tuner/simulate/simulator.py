@@ -24,7 +24,7 @@ from tuner.graph import Graph, Target
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
-from tuner.metrics.task import TaskScore
+from tuner.metrics.task import TaskScore, load_user_metrics
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
 from tuner.simulate.scales import ScaleTable
@@ -85,6 +85,7 @@ class Simulator:
         self.task_metrics = list(task_metrics or [])   # tuner.metrics.task.MetricSpec
         self.labels = labels                           # tuner.metrics.task.LabelSet or None
         self.user_base = user_base
+        self.user_fns = load_user_metrics(self.task_metrics, user_base)
         self.graph = Graph(model.proto)
         self.weights = WeightCache()
         self.external = ExternalWeights()
@@ -175,15 +176,15 @@ class Simulator:
 
     def _run(self, candidate: Candidate, calibration: Calibration, per_node: bool) -> Evaluation:
         plan = self.plan(candidate)
-        node_tensors = [n.outputs[0] for n in self.graph if n.outputs and self.graph.is_activation(n.outputs[0])]
-        extra = node_tensors if per_node else []
+        extra = [n.outputs[0] for n in self.graph
+                 if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
         session = self._session(candidate, calibration, plan, extra)
         outputs = self.model.output_names
         raw = {t: f"{t}__raw" for t in plan.outputs}
         sim_names = outputs + [raw.get(t, t) for t in extra if t not in outputs]
         sims = {o: Similarity() for o in outputs}
         node_sims = {t: Similarity() for t in extra}
-        task = TaskScore(self.task_metrics, self.user_base) if self.task_metrics else None
+        task = TaskScore(self.task_metrics, self.user_fns) if self.task_metrics else None
         if per_node:
             float_nodes = make_session(with_outputs(self.model.proto, extra))
             refs = run_samples(float_nodes, extra, self.data, self.threads)

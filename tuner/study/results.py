@@ -47,21 +47,16 @@ def rows(study: optuna.Study) -> list[Row]:
 
 
 def pareto(rs: list[Row]) -> list[Row]:
-    """Feasible rows not dominated on (accuracy up, latency down), sorted by latency."""
-    feas = [r for r in rs if r.feasible]
-    front = []
-    for r in feas:
-        dominated = any((o.accuracy >= r.accuracy and o.latency_ms <= r.latency_ms)
-                        and (o.accuracy > r.accuracy or o.latency_ms < r.latency_ms) for o in feas)
-        if not dominated:
+    """Feasible rows not dominated on (accuracy up, latency down), sorted by latency.
+
+    One sort and a sweep (O(n log n); it runs after every trial that may change the front):
+    a row is on the front when it is more accurate than every cheaper row. Identical
+    (accuracy, latency) points keep the first trial."""
+    front: list[Row] = []
+    for r in sorted((r for r in rs if r.feasible), key=lambda r: (r.latency_ms, -r.accuracy, r.number)):
+        if not front or r.accuracy > front[-1].accuracy:
             front.append(r)
-    # identical (accuracy, latency) points: keep the first trial
-    seen, unique = set(), []
-    for r in sorted(front, key=lambda r: (r.latency_ms, -r.accuracy, r.number)):
-        if (r.accuracy, r.latency_ms) not in seen:
-            seen.add((r.accuracy, r.latency_ms))
-            unique.append(r)
-    return unique
+    return front
 
 
 def best(rs: list[Row], mode: str, min_accuracy: float | None) -> Row | None:

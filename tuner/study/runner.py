@@ -128,6 +128,15 @@ class Search:
     sensitivity: dict[str, float] = field(default_factory=dict)
     _done: dict[str, tuple[int, list[float], dict]] = field(default_factory=dict)
     _last_written: tuple | None = None
+    _last_front: list[tuple[float, float]] = field(default_factory=list)
+    _last_best: results.Row | None = None
+
+    def _may_change(self, trial: optuna.trial.FrozenTrial) -> bool:
+        rec = trial.user_attrs.get(results.RECORD)
+        if not rec or "duplicate_of" in rec or any(v > 0 for v in (trial.constraints or {}).values()):
+            return False
+        acc, lat = rec["accuracy"], rec["latency"]["total_ms"]
+        return not any(a >= acc and t <= lat and (a > acc or t < lat) for a, t in self._last_front)
 
     # ---------------------------------------------------------------- set-up
     @classmethod
@@ -358,10 +367,20 @@ class Search:
             trial.set_constraint("max_latency_ms", lat_ms - float(obj["max_latency_ms"]))
 
     # ---------------------------------------------------------------- anytime results
-    def write_results(self, study: optuna.Study, force: bool = False) -> results.Row | None:
+    def write_results(self, study: optuna.Study, force: bool = False,
+                      trial: optuna.trial.FrozenTrial | None = None) -> results.Row | None:
+        """Rewrite best.yaml, pareto/ and trials.csv when the result changed.
+
+        With the just-finished ``trial``: a trial that is infeasible, a repeat, or strictly
+        dominated by the last written front cannot change the front or the best, so the study
+        is not re-read (that read grows with the study and would run after every trial)."""
+        if not force and trial is not None and self._last_front and not self._may_change(trial):
+            return self._last_best
         rows = results.rows(study)
         front = results.pareto(rows)
         best = results.best(rows, self.mode, self.space.objectives["min_accuracy"])
+        self._last_front = [(r.accuracy, r.latency_ms) for r in front]
+        self._last_best = best
         state = (best.number if best else None, tuple(r.number for r in front))
         if not force and state == self._last_written:
             return best
@@ -486,7 +505,7 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
 
     def on_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state == TrialState.COMPLETE:
-            best = search.write_results(st)
+            best = search.write_results(st, trial=trial)
             if bar is not None:
                 bar.update(1)
                 if best is not None:
@@ -589,7 +608,7 @@ def _worker(spec: dict[str, Any]) -> None:
 
         def after(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
             if t.state == TrialState.COMPLETE:
-                search.write_results(st)
+                search.write_results(st, trial=t)
             if STOP.is_set():
                 st.stop()
 
