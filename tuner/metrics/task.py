@@ -492,20 +492,18 @@ class TaskScore:
     against the float model's output (agreement, depth error relative to float).
     """
 
-    def __init__(self, specs: list[MetricSpec], user_base: Path | None = None):
+    def __init__(self, specs: list[MetricSpec], user_fns: dict[str, UserFn] | None = None,
+                 user_base: Path | None = None):
+        """``user_fns``: user metrics already loaded (``load_user_metrics``), so a pass per trial
+        does not import the user's file again."""
         self.specs = specs
         self._acc: dict[MetricSpec, Any] = {}
         for spec in specs:
             if spec.kind == "user":
-                self._acc[spec] = UserMetric.from_spec(spec.user, base_dir=user_base)
-            elif spec.kind == "seg_agreement":
-                self._acc[spec] = SegAgreement()
-            elif spec.kind == "miou":
-                self._acc[spec] = SegIoU()
-            elif spec.kind in ("absrel", "rmse", "delta1"):
-                self._acc[spec] = DepthError()
+                fn = (user_fns or {}).get(spec.user) or load_user_metric(spec.user, user_base)
+                self._acc[spec] = UserMetric(fn, name=spec.user)
             else:
-                self._acc[spec] = Top1()
+                self._acc[spec] = _ACCUMULATORS[spec.kind]()
 
     def update(self, ref: dict[str, np.ndarray], quant: dict[str, np.ndarray],
                labels: dict[str, np.ndarray] | None = None) -> None:
@@ -535,22 +533,23 @@ class TaskScore:
     def results(self) -> dict[str, float]:
         out = {}
         for spec, acc in self._acc.items():
-            name = spec_text(spec)
-            if spec.kind == "user":
-                out[name] = acc.value
-            elif spec.kind == "seg_agreement":
-                out[name] = acc.agreement
-            elif spec.kind == "miou":
-                out[name] = acc.miou
-            elif spec.kind == "absrel":
-                out[name] = acc.abs_rel
-            elif spec.kind == "rmse":
-                out[name] = acc.rmse
-            elif spec.kind == "delta1":
-                out[name] = acc.delta1
+            if spec.kind == "top1":
+                out[spec_text(spec)] = acc.accuracy if acc.labelled else acc.agreement
             else:
-                out[name] = acc.accuracy if acc.labelled else acc.agreement
+                out[spec_text(spec)] = getattr(acc, _VALUES[spec.kind])
         return out
+
+
+#: The accumulator of each metric kind, and the property that holds its value.
+_ACCUMULATORS = {"seg_agreement": SegAgreement, "miou": SegIoU, "absrel": DepthError, "rmse": DepthError,
+                 "delta1": DepthError, "top1": Top1}
+_VALUES = {"seg_agreement": "agreement", "miou": "miou", "absrel": "abs_rel", "rmse": "rmse", "delta1": "delta1",
+           "user": "value"}
+
+
+def load_user_metrics(specs: list[MetricSpec], base_dir: Path | None = None) -> dict[str, UserFn]:
+    """Load every user metric of ``specs`` once (at set-up, where a bad spec should fail)."""
+    return {s.user: load_user_metric(s.user, base_dir) for s in specs if s.kind == "user"}
 
 
 def spec_text(spec: MetricSpec) -> str:
