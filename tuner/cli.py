@@ -256,6 +256,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulation_args(p: argparse.ArgumentParser) -> None:
+    """What every command that simulates an hb_mapper YAML takes."""
+    p.add_argument("config", help="the hb_mapper makertbin YAML (reads onnx_model, cal_data_dir, node_info, "
+                                  "calibration_parameters)")
+    p.add_argument("--data", help="evaluate on this folder instead of cal_data_dir (';' between inputs)")
+    p.add_argument("--limit", type=int, help="use at most this many evaluation samples")
+    p.add_argument("--march", help="override model_parameters.march (bayes-e, ...)")
+    p.add_argument("--threads", type=int, help="evaluation threads (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _preprocess_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
+                                        "(default: read and resize the images as the YAML's input parameters say)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
@@ -264,14 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="simulate the quantization an hb_mapper YAML describes and compare with float",
                        description="Simulate the quantization that an hb_mapper makertbin YAML describes, and print "
                                    "per-output and per-node similarity to the float model.")
-    p.add_argument("config", help="the hb_mapper makertbin YAML (reads onnx_model, cal_data_dir, node_info, "
-                                  "calibration_parameters)")
-    p.add_argument("--data", help="evaluate on this folder instead of cal_data_dir (';' between inputs)")
-    p.add_argument("--limit", type=int, help="use at most this many evaluation samples")
-    p.add_argument("--march", help="override model_parameters.march (bayes-e, ...)")
-    p.add_argument("--threads", type=int, help="onnxruntime threads (default: all cores)")
+    _simulation_args(p)
     p.add_argument("--no-nodes", action="store_true", help="skip the per-node table (faster)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("check-data", help="check calibration data against the YAML: format, statistics, known mistakes",
@@ -292,8 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Single-input models.")
     p.add_argument("config", help="the hb_mapper makertbin YAML")
     p.add_argument("images", help="folder of images (jpg, jpeg, png, bmp, tif, tiff, webp), taken in sorted order")
-    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
-                                        "(default: read and resize the images as the YAML's input parameters say)")
+    _preprocess_arg(p)
     p.add_argument("--out", required=True, help="folder to write the calibration files into")
     p.add_argument("--limit", type=int, help="use at most this many images")
     p.add_argument("--force", action="store_true", help="overwrite existing files of the same names")
@@ -307,8 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "normalised files. Exit code 0: consistent, 1: differences, 2: unusable.")
     p.add_argument("config", help="the hb_mapper makertbin YAML")
     p.add_argument("images", help="folder of the original images, in the same sorted order as the files")
-    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
-                                        "(default: read and resize the images as the YAML's input parameters say)")
+    _preprocess_arg(p)
     p.add_argument("--limit", type=int, help="compare at most this many pairs")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_check_preprocess)
@@ -317,15 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "quantized (int8 / int16)",
                        description="Rank the BPU nodes of the model an hb_mapper YAML describes by how much their "
                                    "quantization costs, under the YAML's calibration.")
-    p.add_argument("config", help="the hb_mapper makertbin YAML")
-    p.add_argument("--data", help="evaluate on this folder instead of cal_data_dir (';' between inputs)")
-    p.add_argument("--limit", type=int, help="use at most this many evaluation samples")
+    _simulation_args(p)
     p.add_argument("--metric", default="mean_cosine", help="mean_cosine (default), min_cosine, mean_sqnr, cosine:<out>")
     p.add_argument("--top", type=int, help="show only the N most sensitive nodes")
     p.add_argument("--csv", help="write every row to this CSV file")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--march", help="override model_parameters.march")
-    p.add_argument("--threads", type=int, help="evaluation threads (default: all cores)")
     p.set_defaults(func=cmd_sensitivity)
 
     p = sub.add_parser("search", help="search node placement, int16 and calibration; resumes an existing study",
