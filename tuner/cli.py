@@ -216,6 +216,41 @@ def _print_summary(study, paths, mode: str, min_accuracy) -> None:
         print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
     if paths.best.exists():
         print(f"\nbest: {paths.best}   Pareto configs: {paths.pareto}/   trials: {paths.trials_csv}")
+    if paths.report.exists():
+        print(f"report: {paths.report}")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.study.runner import FINGERPRINTS, Search, node_sensitivity, open_existing, study_info
+
+    study, paths = open_existing(args.study, args.storage, args.results_dir)
+    info = study_info(study)
+    notes: list[str] = []
+    try:
+        search = Search.open(info["space_path"], study.study_name, args.storage, paths.root.parent, args.threads)
+        changed = [k for k in FINGERPRINTS if search.fingerprints()[k] != info["fingerprints"].get(k)]
+        if changed:
+            raise TunerError(f"the {', '.join(changed)} file(s) changed since the study ran")
+    except TunerError as exc:
+        # The trials are in the storage; only the simulated views need the model and data.
+        notes.append(f"per-node views left out: {exc}")
+        print(f"warning: {notes[-1]}", file=sys.stderr)
+        search = None
+    if search is None:
+        from tuner.report.html import ReportInputs, write_report
+        from tuner.study.runner import redact
+
+        out = write_report(paths.report, ReportInputs(
+            study=study, info=info, storage=redact(args.storage) if args.storage else str(paths.journal),
+            best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None, notes=notes))
+    else:
+        if not search.sensitivity:
+            search.sensitivity = node_sensitivity(search.space, search.ws, paths, quiet=False)
+        out = search.write_report(study, force=True)
+        if out is None:
+            raise TunerError(f"{paths.report} could not be written (see the warning above)")
+    print(f"wrote {out}")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -356,6 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
             p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml)")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("report", help="write results/<study>/report.html (Pareto, history, sensitivity, per-node "
+                                      "error, chosen node_info)",
+                       description="Write the study's self-contained HTML report (opens offline). The search "
+                                   "rewrites it as it goes; this command redraws it, e.g. after the search stopped.")
+    p.add_argument("study", help="study name (results/<name>) or its folder")
+    p.add_argument("--storage", help="Optuna storage URL, when the study is not in results/")
+    p.add_argument("--results-dir", default="results", help="where study folders are (default: results)")
+    p.add_argument("--threads", type=int, help="evaluation threads (default: all cores)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

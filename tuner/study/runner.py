@@ -66,6 +66,10 @@ class StudyPaths:
     def trials_csv(self) -> Path:
         return self.root / "trials.csv"
 
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
 
 def make_storage(url: str | None, paths: StudyPaths):
     """Default: an Optuna journal file in the study folder (multi-process safe, cheap writes);
@@ -130,6 +134,8 @@ class Search:
     _last_written: tuple | None = None
     _last_front: list[tuple[float, float]] = field(default_factory=list)
     _last_best: results.Row | None = None
+    _traces: dict[str, Any] = field(default_factory=dict)
+    _report_at: float | None = None
 
     def _may_change(self, trial: optuna.trial.FrozenTrial) -> bool:
         rec = trial.user_attrs.get(results.RECORD)
@@ -153,18 +159,8 @@ class Search:
         base = ws.base_candidate()
         cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
         sensitivity: dict[str, float] = {}
-        metric = space.objectives["accuracy"]
         if space.nodes["top_k"] is not None or space.study["warm_start"]:
-            from tuner.study.space import free_nodes
-
-            nodes = free_nodes(space, ws.graph, ws.target)
-            ref = Candidate.make(_reference_calibration(space, base), dict(base.nodes), base.optimization)
-            key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
-                            ref.key(), metric, ws.target.march, ",".join(nodes)])
-            sensitivity = cached_sensitivity(
-                paths.sensitivity, key,
-                lambda: leave_one_float(ws.simulator, ref, nodes, metric,
-                                        None if quiet else progress_printer("node sensitivity")))
+            sensitivity = node_sensitivity(space, ws, paths, quiet)
         resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
         return cls(space=space, ws=ws, resolved=resolved, cost=cost, paths=paths, name=name, storage_url=storage,
                    sensitivity=sensitivity)
@@ -400,9 +396,79 @@ class Search:
         write_atomic(self.paths.trials_csv, trials_csv(rows))
         return best
 
+    # ---------------------------------------------------------------- report
+    def traces(self, rs: list[results.Row]) -> list[Any]:
+        """Per-node cosine along the graph for the exported trial and the all-int8 baseline
+        (two evaluations with every node's output; cached by candidate, so a rewrite that
+        does not change the best costs nothing)."""
+        from tuner.report.html import Trace
+
+        want = []
+        best = results.best(rs, self.mode, self.space.objectives["min_accuracy"])
+        if best is not None:
+            want.append((f"trial {best.number} (exported)", best.number, best.record["candidate"]))
+        base = [r for r in rs if r.plan and r.plan.startswith("baseline")]
+        if base:
+            b = min(base, key=lambda r: r.number)
+            want.append((f"all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number, b.record["candidate"]))
+        else:
+            ref = self.resolved.candidate(self.resolved.params_for(_reference_calibration(self.space,
+                                                                                           self.resolved.base)))
+            want.append(("all-BPU int8 baseline", None, ref.to_yaml_fields()))
+        out = []
+        for label, number, fields in want:
+            cand = Candidate.from_yaml_fields(fields)
+            key = cand.key()
+            if key not in self._traces:
+                self._traces[key] = self.ws.simulator.evaluate(cand, per_node=True)
+            out.append(Trace.from_evaluation(label, number, self._traces[key]))
+        return out
+
+    def write_report(self, study: optuna.Study, force: bool = False, every: float = 30.0,
+                     extra_notes: list[str] | None = None) -> Path | None:
+        """Rewrite ``report.html`` (at most every ``every`` seconds unless ``force``). A report
+        that fails to draw is a warning, never the end of an overnight search."""
+        from tuner.report.html import ReportInputs, write_report
+
+        now = time.monotonic()
+        if not force and self._report_at is not None and now - self._report_at < every:
+            return None
+        self._report_at = now
+        try:
+            rs = results.rows(study)
+            inp = ReportInputs(study=study, info=study_info(study), storage=self._where(),
+                               sensitivity=self.sensitivity, traces=self.traces(rs) if rs else [],
+                               best_yaml=self.paths.best.read_text(encoding="utf-8") if self.paths.best.is_file()
+                               else None, notes=list(extra_notes or []))
+            return write_report(self.paths.report, inp)
+        except TunerError:
+            raise
+        except Exception as exc:
+            _say(f"warning: report.html not written: {type(exc).__name__}: {exc}", None)
+            return None
+
     def export(self, row: results.Row, out: Path) -> list[str]:
         return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
                             {"study": self.name, **self.fingerprints()})
+
+
+def node_sensitivity(space: SearchSpace, ws: Workspace, paths: StudyPaths, quiet: bool = True) -> dict[str, float]:
+    """Leave-one-float gains of the space's free nodes, cached in the study folder and keyed
+    by everything they depend on: the search's top-K, its warm start, ``tuner sensitivity
+    SPACE`` and the report all read the same file instead of recomputing."""
+    from tuner.study.space import free_nodes
+    from tuner.workspace import progress_printer
+
+    base = ws.base_candidate()
+    metric = space.objectives["accuracy"]
+    nodes = free_nodes(space, ws.graph, ws.target)
+    ref = Candidate.make(_reference_calibration(space, base), dict(base.nodes), base.optimization)
+    key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
+                    ref.key(), metric, ws.target.march, ",".join(nodes)])
+    return cached_sensitivity(
+        paths.sensitivity, key,
+        lambda: leave_one_float(ws.simulator, ref, nodes, metric,
+                                None if quiet else progress_printer("node sensitivity")))
 
 
 def _resume_seed(seed: int, n_trials: int) -> int:
@@ -506,6 +572,7 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
     def on_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state == TrialState.COMPLETE:
             best = search.write_results(st, trial=trial)
+            search.write_report(st)
             if bar is not None:
                 bar.update(1)
                 if best is not None:
@@ -551,6 +618,7 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
         info["interrupted"] = True
         search.fail_own_running(study)
     search.write_results(study, force=True)
+    search.write_report(study, force=True)
     return study, info
 
 
@@ -651,6 +719,8 @@ def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: fl
             now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
             if bar is not None and now > seen:
                 bar.update(min(now, n_trials) - min(seen, n_trials))
+            if now > seen:
+                search.write_report(study)     # the workers write best.yaml; the parent the report
             seen = now
     except KeyboardInterrupt:  # second Ctrl-C: abort the workers' trials too
         for p in procs:

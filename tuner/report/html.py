@@ -1,0 +1,352 @@
+"""``results/<study>/report.html``: one self-contained page that shows where accuracy is lost
+and what the search did about it.
+
+Plotly's JavaScript is embedded once, so the file opens offline and can be mailed. The
+optimization history and parameter importances come from Optuna's visualization module;
+the Pareto plot is drawn here because it marks the baselines and the exported trial, and
+works for single-objective studies too. The page records in ``#tuner-status`` how many
+plots drew and which script errors happened, so a headless browser test can check it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner import __version__
+from tuner.study import results
+
+REPORT_NAME = "report.html"
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}
+header{background:#1d2430;color:#fff;padding:18px 28px}header h1{margin:0;font-size:22px}
+header p{margin:4px 0 0;color:#c9d1dc;font-size:13px}
+main{padding:12px 28px 40px;max-width:1500px}
+section{background:#fff;border:1px solid #e1e5ea;border-radius:6px;margin:16px 0;padding:14px 18px}
+h2{font-size:17px;margin:0 0 8px}p.why{color:#5a6472;font-size:13px;margin:0 0 8px}
+table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #e6e9ee;padding:3px 10px;text-align:left}
+th{background:#f0f2f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.best td{background:#fff4d6;font-weight:600}
+pre{background:#f0f2f5;padding:10px;overflow:auto;font-size:12px;max-height:480px}
+.cards{display:flex;gap:12px;flex-wrap:wrap}.card{border:1px solid #e1e5ea;border-radius:6px;padding:8px 14px;min-width:130px}
+.card b{display:block;font-size:20px}.card span{color:#5a6472;font-size:12px}
+.note{color:#8a5a00;font-size:13px}.grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
+@media (max-width:1100px){.grid{grid-template-columns:1fr}}
+"""
+
+_STATUS_JS = """
+window.__tunerErrors = [];
+window.addEventListener('error', function (e) { window.__tunerErrors.push(String(e.message || e)); });
+window.addEventListener('load', function () {
+  var plots = document.querySelectorAll('.js-plotly-plot');
+  var drawn = 0;
+  plots.forEach(function (p) { if (p._fullLayout && p.querySelector('svg.main-svg')) { drawn += 1; } });
+  var s = document.getElementById('tuner-status');
+  s.setAttribute('data-drawn', String(drawn));
+  s.setAttribute('data-errors', window.__tunerErrors.join(' | '));
+  s.setAttribute('data-done', '1');
+});
+"""
+
+
+@dataclass
+class Trace:
+    """Per-node output cosine along the topological order, for one candidate."""
+
+    label: str
+    trial: int | None
+    nodes: list[dict[str, Any]]     # name, op_type, on, subgraph, cosine
+
+    @classmethod
+    def from_evaluation(cls, label: str, trial: int | None, ev) -> "Trace":
+        return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
+                                   "cosine": r.cosine} for r in ev.nodes])
+
+
+@dataclass
+class ReportInputs:
+    """Everything the page shows; gathered by the study runner (which has the simulator) or
+    by ``tuner report`` (which may not, when the model files moved)."""
+
+    study: optuna.Study
+    info: dict[str, Any]
+    storage: str
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    traces: list[Trace] = field(default_factory=list)
+    best_yaml: str | None = None
+    notes: list[str] = field(default_factory=list)
+    extra_sections: list[tuple[str, str]] = field(default_factory=list)   # (title, html)
+
+
+# ------------------------------------------------------------------------------ figures
+def _is_baseline(r: results.Row) -> bool:
+    return bool(r.plan) and r.plan.startswith("baseline")
+
+
+def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy: float | None):
+    """Accuracy vs modeled latency. For cosine-like metrics (all <= 1) the y axis is 1 - accuracy
+    on a log scale: the all-int8 baselines sit at 0.6 and the front at 0.9999, and on a linear
+    axis the front is a flat line."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    front = results.pareto(rs)
+    on_front = {r.number for r in front}
+    log = all(r.accuracy <= 1.0 for r in rs)
+    y = (lambda a: max(1.0 - a, 1e-9)) if log else (lambda a: a)   # noqa: E731
+
+    def hover(r: results.Row) -> str:
+        c = r.counts
+        return (f"trial {r.number}<br>accuracy {r.accuracy:.6f}<br>latency {r.latency_ms:.3f} ms<br>"
+                f"{c['subgraphs']} subgraph(s), {c['cpu_nodes']} CPU, {c['int16_nodes']} int16<br>"
+                f"{html.escape(r.calibration)}" + (f"<br>{html.escape(r.plan)}" if r.plan else ""))
+
+    def scatter(sel: list[results.Row], **kw):
+        return go.Scatter(x=[r.latency_ms for r in sel], y=[y(r.accuracy) for r in sel],
+                          hovertext=[hover(r) for r in sel], hoverinfo="text", **kw)
+
+    groups = [("other trials", [r for r in rs if r.feasible and r.number not in on_front and not _is_baseline(r)],
+               dict(color="#9aa5b1", size=6)),
+              ("infeasible", [r for r in rs if not r.feasible and not _is_baseline(r)],
+               dict(color="#c3c9d0", size=6, symbol="x")),
+              ("baselines (all-BPU int8)", [r for r in rs if _is_baseline(r)],
+               dict(color="#d1495b", size=11, symbol="diamond", line=dict(width=1, color="#222")))]
+    for name, sel, marker in groups:
+        if sel:
+            fig.add_trace(scatter(sel, mode="markers", name=name, marker=marker))
+    if front:
+        fig.add_trace(scatter(front, mode="lines+markers", line=dict(shape="hv", color="#2e86ab"),
+                              marker=dict(size=9, color="#2e86ab"), name="Pareto front"))
+    if best is not None:
+        fig.add_trace(scatter([best], mode="markers", name=f"exported (trial {best.number})",
+                              marker=dict(size=18, symbol="star", color="#f4a259", line=dict(width=1, color="#222"))))
+    if min_accuracy is not None:
+        fig.add_hline(y=y(float(min_accuracy)), line_dash="dot", line_color="#d1495b",
+                      annotation_text=f"min_accuracy {min_accuracy}", annotation_position="top right")
+    fig.update_layout(title="Accuracy vs modeled latency", xaxis_title="modeled latency (ms)",
+                      yaxis_title="1 - accuracy (log; lower is better)" if log else "accuracy",
+                      yaxis_type="log" if log else "linear", yaxis_exponentformat="e", height=460, margin=dict(l=60, r=20, t=50, b=50),
+                      legend=dict(orientation="h", y=-0.18))
+    return fig
+
+
+def history_figure(study: optuna.Study, mode: str):
+    from optuna.visualization import plot_optimization_history
+
+    if len(study.directions) > 1:
+        fig = plot_optimization_history(study, target=lambda t: t.values[0], target_name="accuracy")
+    else:
+        fig = plot_optimization_history(study, target_name="latency (ms)" if mode == "latency" else "accuracy")
+    fig.update_layout(height=420, margin=dict(l=60, r=20, t=50, b=50))
+    return fig
+
+
+def importance_figure(study: optuna.Study, mode: str):
+    from optuna.importance import PedAnovaImportanceEvaluator
+    from optuna.visualization import plot_param_importances
+
+    # PED-ANOVA: fast and needs no scikit-learn (fANOVA's random forest does).
+    # It ranks by what drives the target *low*: accuracy is negated.
+    kwargs: dict[str, Any] = {"evaluator": PedAnovaImportanceEvaluator()}
+    if len(study.directions) > 1 or mode != "latency":
+        kwargs.update(target=lambda t: -t.values[0], target_name="accuracy")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig = plot_param_importances(study, **kwargs)
+    fig.update_layout(height=max(300, 22 * len(fig.data[0].y) + 120) if fig.data else 300,
+                      margin=dict(l=220, r=20, t=50, b=50))
+    return fig
+
+
+def sensitivity_figure(sensitivity: dict[str, float], top: int = 20):
+    import plotly.graph_objects as go
+
+    ranked = sorted(sensitivity.items(), key=lambda kv: -kv[1])[:top][::-1]
+    fig = go.Figure(go.Bar(x=[v for _, v in ranked], y=[k for k, _ in ranked], orientation="h",
+                           marker_color="#d1495b"))
+    fig.update_layout(title=f"Accuracy gained when the node alone stays float (top {len(ranked)})",
+                      xaxis_title="accuracy gain", height=max(300, 24 * len(ranked) + 110),
+                      margin=dict(l=220, r=20, t=50, b=50))
+    return fig
+
+
+def trace_figure(traces: list[Trace]):
+    """1 - cosine on a log axis along the graph: a drop at a CPU/BPU switch stands out."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    colors = ["#2e86ab", "#d1495b", "#3b8b5a"]
+    for i, tr in enumerate(traces):
+        pts = [(k, n) for k, n in enumerate(tr.nodes) if n["cosine"] is not None]
+        fig.add_trace(go.Scatter(
+            x=[k for k, _ in pts], y=[max(1.0 - n["cosine"], 1e-9) for _, n in pts], mode="lines+markers",
+            name=tr.label, line=dict(color=colors[i % len(colors)]), marker=dict(size=5),
+            hovertext=[f"{html.escape(n['name'])} ({n['op_type']}, {n['on']})<br>cosine {n['cosine']:.6f}"
+                       for _, n in pts], hoverinfo="text"))
+    if traces:
+        first = traces[0]
+        for k, n in enumerate(first.nodes):     # CPU nodes of the first trace shaded
+            if n["on"] == "CPU":
+                fig.add_vrect(x0=k - 0.5, x1=k + 0.5, fillcolor="#f4a259", opacity=0.25, line_width=0)
+        switches = [k for k in range(1, len(first.nodes)) if first.nodes[k]["on"] != first.nodes[k - 1]["on"]]
+        for k in switches:
+            fig.add_vline(x=k - 0.5, line_dash="dot", line_color="#888", line_width=1)
+    fig.update_layout(title="Per-node error along the graph (1 - cosine, log; shaded: CPU nodes of "
+                      f"{traces[0].label if traces else ''})", xaxis_title="node (topological order)",
+                      yaxis_title="1 - cosine", yaxis_type="log", yaxis_exponentformat="e", height=440, margin=dict(l=60, r=20, t=50, b=50),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+# ------------------------------------------------------------------------------ page
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset(),
+           highlight: int | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = []
+    for i, r in enumerate(rows):
+        cls = ' class="best"' if highlight is not None and i == highlight else ""
+        body.append(f"<tr{cls}>" + "".join(f'<td class="num">{html.escape(c)}</td>' if j in numeric
+                                          else f"<td>{html.escape(c)}</td>" for j, c in enumerate(r)) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def node_info_rows(record: dict[str, Any]) -> list[list[str]]:
+    """The chosen node_info as rows: node, ON, InputType (incl. per-input), OutputType."""
+    node_info = (record.get("candidate", {}).get("model_parameters") or {}).get("node_info") or {}
+    rows = []
+    for name, d in sorted(node_info.items()):
+        inputs = [f"{k}: {v}" for k, v in sorted(d.items()) if k.startswith("InputType")]
+        rows.append([name, d.get("ON", ""), ", ".join(inputs), d.get("OutputType", "")])
+    return rows
+
+
+def _fig_html(fig, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def render(inp: ReportInputs) -> str:
+    """The whole page as one string."""
+    from plotly.offline import get_plotlyjs
+
+    info = inp.info
+    mode = info.get("mode", "pareto")
+    min_acc = (info.get("objectives") or {}).get("min_accuracy")
+    rs = results.rows(inp.study)
+    best = results.best(rs, mode, min_acc)
+    front = results.pareto(rs)
+    states = [t.state for t in inp.study.get_trials(deepcopy=False)]
+    n_fail = sum(s == optuna.trial.TrialState.FAIL for s in states)
+    sections: list[str] = []
+    notes = list(inp.notes)
+
+    def section(title: str, body: str, why: str = "") -> None:
+        sections.append(f"<section><h2>{html.escape(title)}</h2>"
+                        + (f'<p class="why">{html.escape(why)}</p>' if why else "") + body + "</section>")
+
+    def plot(fig_fn, div_id: str, *args) -> str:
+        try:
+            return _fig_html(fig_fn(*args), div_id)
+        except Exception as exc:  # too few trials for importances, a single-valued parameter, ...
+            return f'<p class="note">{html.escape(div_id)}: not available yet ({html.escape(str(exc))})</p>'
+
+    # Summary cards.
+    cards = [("completed trials", str(len(rs))), ("failed", str(n_fail)), ("on the Pareto front", str(len(front)))]
+    if best is not None:
+        c = best.counts
+        cards += [("exported trial", str(best.number)), ("accuracy", f"{best.accuracy:.6f}"),
+                  ("modeled latency", f"{best.latency_ms:.3f} ms"), ("BPU subgraphs", str(c["subgraphs"])),
+                  ("CPU nodes", str(c["cpu_nodes"])), ("int16 nodes", str(c["int16_nodes"]))]
+    base = [r for r in rs if _is_baseline(r)]
+    if base:
+        top = max(base, key=lambda r: r.accuracy)
+        cards.append(("best all-int8 baseline", f"{top.accuracy:.6f}"))
+    section("Summary", '<div class="cards">' + "".join(f"<div class=\"card\"><b>{html.escape(v)}</b>"
+                                                       f"<span>{html.escape(k)}</span></div>" for k, v in cards)
+            + "</div>")
+
+    if rs:
+        section("Pareto front", plot(pareto_figure, "pareto", rs, best, min_acc),
+                "Every completed trial; the red diamonds are hb_mapper's defaults (all nodes BPU int8), the star "
+                "is the trial best.yaml holds.")
+        table_rows, hi = [], None
+        for i, r in enumerate(front):
+            if best is not None and r.number == best.number:
+                hi = i
+            table_rows.append([str(r.number), f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}", str(r.counts["subgraphs"]),
+                               str(r.counts["cpu_nodes"]), str(r.counts["int16_nodes"]), r.calibration,
+                               r.plan or ""])
+        sections[-1] = sections[-1][:-len("</section>")] + _table(
+            ["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"], table_rows,
+            {1, 2, 3, 4, 5}, hi) + "</section>"
+        section("Search", '<div class="grid">' + plot(history_figure, "history", inp.study, mode)
+                + plot(importance_figure, "importances", inp.study, mode) + "</div>",
+                "Optimization history (accuracy per trial and best so far) and which knobs mattered (PED-ANOVA).")
+    else:
+        notes.append("no completed trial yet")
+
+    if inp.sensitivity:
+        section("Node sensitivity", plot(sensitivity_figure, "sensitivity", inp.sensitivity),
+                "How much accuracy each node's int8 quantization costs: the gain when that node alone stays float.")
+    if inp.traces:
+        section("Accumulated error along the graph", plot(trace_figure, "trace", inp.traces),
+                "Per-node output cosine against the float model, in topological order. Where the curve jumps, "
+                "error enters; dotted lines mark CPU/BPU switches of the first curve.")
+
+    if best is not None:
+        rows = node_info_rows(best.record)
+        body = (_table(["node", "ON", "InputType", "OutputType"], rows) if rows
+                else "<p>no node_info: every node keeps hb_mapper's default placement and int8</p>")
+        body += (f"<p>calibration: <b>{html.escape(best.calibration)}</b>"
+                 f" (requested {html.escape(best.record['calibration']['requested'])})</p>")
+        task = best.record.get("task") or {}
+        if task:
+            body += _table(["task metric", "value"], [[k, f"{v:.6f}"] for k, v in task.items()], {1})
+        section(f"Chosen configuration (trial {best.number})", body)
+    if inp.best_yaml is not None:
+        section("Exported YAML (best.yaml)", f"<pre>{html.escape(inp.best_yaml)}</pre>")
+    for title, body in inp.extra_sections:
+        section(title, body)
+
+    fps = info.get("fingerprints") or {}
+    prov = [["study", inp.study.study_name], ["storage", inp.storage], ["march", str(info.get("march", "?"))],
+            ["tuner", str(info.get("version", "?"))]] + [[f"{k} sha256", v] for k, v in fps.items()]
+    section("Provenance", _table(["", ""], prov))
+    if notes:
+        sections.insert(0, "<section>" + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
+                        + "</section>")
+
+    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    title = f"tuner study {inp.study.study_name}"
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style><script>{_STATUS_JS}</script>"
+            f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
+            f"<header><h1>{html.escape(title)}</h1><p>mode {html.escape(mode)}, march "
+            f"{html.escape(str(info.get('march', '?')))}; written {now} by tuner {__version__}</p></header>"
+            f"<main><div id=\"tuner-status\" data-done=\"0\"></div>{''.join(sections)}</main></body></html>")
+
+
+def write_report(path: Path, inp: ReportInputs) -> Path:
+    from tuner.export.hb_yaml import write_atomic
+
+    write_atomic(path, render(inp))
+    return path
+
+
+def trace_summary(traces: list[Trace]) -> list[dict[str, Any]]:
+    """JSON-friendly traces (for tests and --json)."""
+    return [{"label": t.label, "trial": t.trial,
+             "nodes": [dict(n, cosine=None if n["cosine"] is None or not math.isfinite(n["cosine"]) else n["cosine"])
+                       for n in t.nodes]} for t in traces]
+
+
+__all__ = ["REPORT_NAME", "ReportInputs", "Trace", "render", "write_report", "trace_summary", "node_info_rows"]
