@@ -114,6 +114,12 @@ def check_rules(cfg: dict[str, Any], where: Path, node_names: set[str] | None = 
         raise TunerError(f"{where}: compiler_parameters.optimize_level must be set explicitly")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, text: str, protect: tuple[Path, ...] = ()) -> None:
     """Write ``text`` to ``path`` via a temporary file and rename; never onto a protected file."""
     path = Path(path)
@@ -125,6 +131,9 @@ def write_atomic(path: Path, text: str, protect: tuple[Path, ...] = ()) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            # mkstemp makes the file 0600; a result is shared like any file the user writes
+            # (an existing file keeps its mode).
+            os.fchmod(f.fileno(), path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
