@@ -65,3 +65,17 @@ def test_bernoulli2_ignores_node_info_but_keeps_run_on_cpu(tiny_project):
     cand = ws.base_candidate()
     assert dict(cand.nodes) == {"/gate/Mul": NodeSetting(on="CPU")}
     assert any("has no node_info" in w for w in ws.warnings)
+
+
+def test_calibration_parse_short_forms():
+    import pytest
+
+    from tuner.errors import TunerError
+
+    assert Calibration.parse("kl") == Calibration(type="kl")
+    assert Calibration.parse("max:0.99995+pc") == Calibration(type="max", max_percentile=0.99995, per_channel=True)
+    assert Calibration.parse(" max+pc ").describe() == "max,per_channel"
+    for bad, fragment in (("mse", "expected max, kl"), ("kl:0.9", "max only"), ("max:abc", "not a number"),
+                          ("max:1.5", "(0, 1]")):
+        with pytest.raises(TunerError, match=fragment.replace("(", r"\(").replace("]", r"\]")):
+            Calibration.parse(bad)

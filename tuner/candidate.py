@@ -36,6 +36,26 @@ class Calibration:
         if self.max_percentile is not None and not 0.0 < self.max_percentile <= 1.0:
             raise TunerError(f"max_percentile must be in (0, 1], got {self.max_percentile}")
 
+    @classmethod
+    def parse(cls, spec: str) -> "Calibration":
+        """A short command-line form: ``max``, ``kl``, ``max:0.99995`` (percentile), ``+pc``
+        for per-channel, e.g. ``max:0.99995+pc``."""
+        text = spec.strip()
+        per_channel = text.endswith("+pc")
+        if per_channel:
+            text = text[: -len("+pc")]
+        ctype, _, pct = text.partition(":")
+        if ctype not in ("max", "kl"):
+            raise TunerError(f"calibration {spec!r}: expected max, kl, max:PERCENTILE, optionally +pc "
+                             "(e.g. max:0.99995+pc)")
+        if pct and ctype != "max":
+            raise TunerError(f"calibration {spec!r}: a percentile applies to max only (max:0.99995)")
+        try:
+            percentile = float(pct) if pct else None
+        except ValueError:
+            raise TunerError(f"calibration {spec!r}: {pct!r} is not a number (max:0.99995)") from None
+        return cls(type=ctype, max_percentile=percentile, per_channel=per_channel)
+
     def describe(self) -> str:
         """The method line as hb_mapper logs it, e.g. ``max-percentile:percentile=0.99995,per_channel``."""
         if self.type == "max" and self.max_percentile not in (None, 1.0):

@@ -153,43 +153,98 @@ def cmd_check_preprocess(args: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+def _sensitivity_setup(args: argparse.Namespace):
+    """(workspace, base candidate, nodes, metric, cached gains or None) for an hb_mapper YAML
+    or a search space; a space's leave-one-float gains are the study's cached ones."""
+    from tuner.inputs.config import read_yaml
+    from tuner.workspace import Workspace, progress_printer
+
+    raw = read_yaml(Path(args.config), "an hb_mapper YAML or a search space YAML")
+    if isinstance(raw, dict) and "base" in raw and "model_parameters" not in raw:
+        from tuner.candidate import Candidate
+        from tuner.study.runner import StudyPaths, _reference_calibration, node_sensitivity
+        from tuner.study.space import free_nodes, load_space
+
+        space = load_space(args.config)
+        ws = Workspace.open(space.base, data=_data_dirs(args.data) or space.eval_data,
+                            limit=args.limit or space.raw["eval_limit"], march=args.march or space.raw["march"],
+                            threads=args.threads, progress=progress_printer("calibration statistics"))
+        ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
+        b = ws.base_candidate()
+        base = Candidate.make(_reference_calibration(space, b), dict(b.nodes), b.optimization)
+        metric = args.metric or space.objectives["accuracy"]
+        nodes = free_nodes(space, ws.graph, ws.target)
+        gains = None
+        if metric == space.objectives["accuracy"]:
+            paths = StudyPaths(Path(args.results_dir) / (args.study or space.name))
+            gains = node_sensitivity(space, ws, paths, quiet=False)
+            print(f"leave-one-float gains: {paths.sensitivity} (shared with the search)", file=sys.stderr)
+        return ws, base, nodes, metric, gains
+    ws = Workspace.open(args.config, data=_data_dirs(args.data), limit=args.limit, march=args.march,
+                        threads=args.threads, progress=progress_printer("calibration statistics"))
+    nodes = [n.name for n in ws.graph if ws.target.bpu_capable(n.op_type) and ws.graph.data_inputs(n)]
+    return ws, ws.base_candidate(), nodes, args.metric or "mean_cosine", None
+
+
 def cmd_sensitivity(args: argparse.Namespace) -> int:
     import csv
     import io
     import json
 
+    from tuner.candidate import Calibration
     from tuner.export.hb_yaml import write_atomic
     from tuner.report.text import table
     from tuner.sensitivity import sensitivity_table
-    from tuner.workspace import Workspace, progress_printer
+    from tuner.workspace import progress_printer
 
-    ws = Workspace.open(args.config, data=_data_dirs(args.data), limit=args.limit, march=args.march,
-                        threads=args.threads, progress=progress_printer("calibration statistics"))
-    nodes = [n.name for n in ws.graph if ws.target.bpu_capable(n.op_type) and ws.graph.data_inputs(n)]
-    rows = sensitivity_table(ws.simulator, ws.base_candidate(), nodes, args.metric,
-                             progress_printer("node sensitivity"))
+    specs = [t for t in (args.calibration or "").split(",") if t.strip()]
+    cals = [Calibration.parse(t) for t in specs]
+    ws, base, nodes, metric, gains = _sensitivity_setup(args)
+    runs = []   # (label, calibration, rows)
+    for label, cal in ([(t.strip(), c) for t, c in zip(specs, cals)] or [("", base.calibration)]):
+        cand = base.with_calibration(cal)
+        rows = sensitivity_table(ws.simulator, cand, nodes, metric,
+                                 progress_printer(f"node sensitivity {label}".rstrip()),
+                                 gains=gains if cal == base.calibration else None)
+        runs.append((label or cal.describe(), ws.simulator.resolve(cand)[0], rows))
     if args.csv:
         buf = io.StringIO()
         w = csv.writer(buf)
         w.writerow(["node", "op_type", "float_gain", "alone_int8_accuracy", "alone_int8_cosine", "alone_int8_sqnr_db",
-                    "alone_int16_accuracy", "alone_int16_cosine", "alone_int16_sqnr_db"])
-        for r in rows:
-            a16 = r.alone_int16 or {}
-            w.writerow([r.node, r.op_type, f"{r.float_gain:.8f}"]
-                       + [f"{r.alone_int8[k]:.8f}" for k in ("accuracy", "cosine", "sqnr_db")]
-                       + [f"{a16[k]:.8f}" if k in a16 else "" for k in ("accuracy", "cosine", "sqnr_db")])
+                    "alone_int16_accuracy", "alone_int16_cosine", "alone_int16_sqnr_db", "calibration"])
+        for _, cal, rows in runs:
+            for r in rows:
+                a16 = r.alone_int16 or {}
+                w.writerow([r.node, r.op_type, f"{r.float_gain:.8f}"]
+                           + [f"{r.alone_int8[k]:.8f}" for k in ("accuracy", "cosine", "sqnr_db")]
+                           + [f"{a16[k]:.8f}" if k in a16 else "" for k in ("accuracy", "cosine", "sqnr_db")]
+                           + [cal.describe()])
         write_atomic(Path(args.csv), buf.getvalue())
     if args.json:
-        print(json.dumps({"metric": args.metric, "calibration": ws.base_candidate().calibration.describe(),
-                          "nodes": [r.as_dict() for r in rows]}, indent=2))
+        print(json.dumps({"metric": metric, "calibration": runs[0][1].describe(),
+                          "nodes": [r.as_dict() for r in runs[0][2]],
+                          "by_calibration": [{"calibration": cal.describe(), "nodes": [r.as_dict() for r in rows]}
+                                             for _, cal, rows in runs]}, indent=2))
         return 0
-    shown = rows[: args.top] if args.top else rows
-    print(f"sensitivity of {len(rows)} BPU node(s) ({args.metric}; calibration "
-          f"{ws.base_candidate().calibration.describe()}); most sensitive first")
-    print(table(["node", "type", "gain if float", "alone int8", "alone int16", "alone int8 SQNR dB"],
-                [[r.node, r.op_type, f"{r.float_gain:+.6f}", f"{r.alone_int8['accuracy']:.6f}",
-                  f"{r.alone_int16['accuracy']:.6f}" if r.alone_int16 else "--", f"{r.alone_int8['sqnr_db']:.1f}"]
-                 for r in shown]))
+    if len(runs) == 1:
+        _, cal, rows = runs[0]
+        shown = rows[: args.top] if args.top else rows
+        print(f"sensitivity of {len(rows)} BPU node(s) ({metric}; calibration {cal.describe()}); most sensitive first")
+        print(table(["node", "type", "gain if float", "alone int8", "alone int16", "alone int8 SQNR dB"],
+                    [[r.node, r.op_type, f"{r.float_gain:+.6f}", f"{r.alone_int8['accuracy']:.6f}",
+                      f"{r.alone_int16['accuracy']:.6f}" if r.alone_int16 else "--", f"{r.alone_int8['sqnr_db']:.1f}"]
+                     for r in shown]))
+    else:
+        by = [{r.node: r for r in rows} for _, _, rows in runs]
+        order = sorted(by[0], key=lambda n: -max(b[n].float_gain for b in by))
+        shown = order[: args.top] if args.top else order
+        print(f"sensitivity of {len(order)} BPU node(s) ({metric}) under {len(runs)} calibrations; most sensitive "
+              "first (largest gain under any of them)")
+        print(table(["node", "type"] + [f"gain {label}" for label, _, _ in runs]
+                    + [f"alone int8 {label}" for label, _, _ in runs],
+                    [[n, by[0][n].op_type] + [f"{b[n].float_gain:+.6f}" for b in by]
+                     + [f"{b[n].alone_int8['accuracy']:.6f}" for b in by] for n in shown]))
+        print("\n" + "; ".join(f"{label} = {cal.describe()}" for label, cal, _ in runs))
     if args.csv:
         print(f"\nall rows: {args.csv}")
     return 0
@@ -294,7 +349,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _simulation_args(p: argparse.ArgumentParser) -> None:
     """What every command that simulates an hb_mapper YAML takes."""
     p.add_argument("config", help="the hb_mapper makertbin YAML (reads onnx_model, cal_data_dir, node_info, "
-                                  "calibration_parameters)")
+                                  "calibration_parameters); sensitivity also takes a search space")
     p.add_argument("--data", help="evaluate on this folder instead of cal_data_dir (';' between inputs)")
     p.add_argument("--limit", type=int, help="use at most this many evaluation samples")
     p.add_argument("--march", help="override model_parameters.march (bayes-e, ...)")
@@ -359,9 +414,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sensitivity", help="per node: the gain of leaving it float, and the accuracy with it alone "
                                             "quantized (int8 / int16)",
                        description="Rank the BPU nodes of the model an hb_mapper YAML describes by how much their "
-                                   "quantization costs, under the YAML's calibration.")
+                                   "quantization costs, under the YAML's calibration (or --calibration). Given a "
+                                   "search space instead, rank its free nodes with its metric and data, and share "
+                                   "the leave-one-float gains with the search (results/<study>/sensitivity.json).")
     _simulation_args(p)
-    p.add_argument("--metric", default="mean_cosine", help="mean_cosine (default), min_cosine, mean_sqnr, cosine:<out>")
+    p.add_argument("--metric", help="mean_cosine (default; a space's objectives.accuracy), min_cosine, mean_sqnr, "
+                                    "cosine:<out>, or a task metric")
+    p.add_argument("--calibration", help="compare calibrations, comma-separated: max, kl, max:0.99995, +pc for "
+                                         "per-channel (e.g. max,kl,max:0.99995+pc)")
+    p.add_argument("--study", help="with a space: the study whose cache to use (default: the space's name)")
+    p.add_argument("--results-dir", default="results", help="with a space: where study folders are")
     p.add_argument("--top", type=int, help="show only the N most sensitive nodes")
     p.add_argument("--csv", help="write every row to this CSV file")
     p.set_defaults(func=cmd_sensitivity)

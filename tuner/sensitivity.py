@@ -74,10 +74,13 @@ def _scores(ev, metric: str) -> dict[str, float]:
 
 
 def sensitivity_table(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
-                      progress: Callable[[int, int], None] | None = None) -> list[SensitivityRow]:
+                      progress: Callable[[int, int], None] | None = None,
+                      gains: dict[str, float] | None = None) -> list[SensitivityRow]:
     """Per node: the gain of leaving it float, and the accuracy with it alone quantized (int8,
-    int16 where allowed). Sorted most sensitive first. About 2-3 evaluations per node."""
-    gains = leave_one_float(sim, base, nodes, metric)
+    int16 where allowed). Sorted most sensitive first. About 2-3 evaluations per node; 1-2
+    when the leave-one-float ``gains`` come from a study's cache."""
+    if gains is None or any(n not in gains for n in nodes):
+        gains = leave_one_float(sim, base, nodes, metric)
     graph, target = sim.graph, sim.target
     all_cpu = {n.name: NodeSetting(on="CPU") for n in graph}
     rows = []

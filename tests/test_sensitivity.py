@@ -1,0 +1,45 @@
+"""tuner sensitivity: per calibration method, and a space's gains shared with its study."""
+
+import json
+import subprocess
+import sys
+
+from helpers import write_tiny_space
+from tuner.study.runner import Search
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_sensitivity_per_calibration_method(tiny_project):
+    r = run("sensitivity", tiny_project, "--calibration", "max,kl,max:0.9999+pc", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    by = data["by_calibration"]
+    assert [b["calibration"] for b in by] == ["max", "kl:num_bin=1024,max_num_bin=16384",
+                                              "max-percentile:percentile=0.9999,per_channel"]
+    gains = [{row["node"]: row["float_gain"] for row in b["nodes"]} for b in by]
+    assert gains[0].keys() == gains[1].keys() == gains[2].keys()
+    assert any(abs(gains[0][n] - gains[1][n]) > 1e-6 for n in gains[0])    # the method changes the ranking input
+    table = run("sensitivity", tiny_project, "--calibration", "max,kl", "--top", 2)
+    assert table.returncode == 0 and "gain max" in table.stdout and "gain kl" in table.stdout
+    bad = run("sensitivity", tiny_project, "--calibration", "max,entropy")
+    assert bad.returncode == 2 and "'entropy'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_sensitivity_of_a_space_is_the_studys_cache(tmp_path):
+    space = write_tiny_space(tmp_path)
+    r = run("sensitivity", space, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cache = tmp_path / "results" / "tiny" / "sensitivity.json"
+    stored = json.loads(cache.read_text())
+    printed = {row["node"]: row["float_gain"] for row in json.loads(r.stdout)["nodes"]}
+    assert printed == stored["sensitivity"]
+    # the search reads the same file instead of recomputing: a marker value comes back
+    node = next(iter(stored["sensitivity"]))
+    stored["sensitivity"][node] = 123.0
+    cache.write_text(json.dumps(stored))
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    assert search.sensitivity[node] == 123.0
