@@ -134,3 +134,20 @@ def test_sensitivity_ranks_nodes_and_writes_csv(tiny_project, tmp_path):
     assert lines[0].startswith("node,op_type,float_gain") and len(lines) == len(rows) + 1
     table = run("sensitivity", tiny_project, "--top", 3)
     assert table.returncode == 0 and "most sensitive first" in table.stdout
+
+
+def test_eval_trace_shows_where_error_enters_and_the_switches(tiny_project):
+    r = run("eval", tiny_project, "--trace", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    trace = {row["node"]: row for row in data["trace"]}
+    assert [row["node"] for row in data["trace"]] == [n["node"] for n in data["nodes"]]
+    assert trace["/gate/Where"]["on"] == "CPU" and "BPU->CPU" in trace["/gate/Where"]["switch"]
+    assert "CPU->BPU" in trace["/head/Concat"]["switch"]
+    # change = own cosine - worst input cosine; the first quantized conv loses accuracy
+    stem = trace["/stem/Conv"]
+    assert stem["change"] < 0 and abs(stem["change"] - (stem["cosine"] - 1.0)) < 1e-12
+    text = run("eval", tiny_project, "--trace")
+    assert text.returncode == 0 and "<< error enters" in text.stdout and "Switch" in text.stdout
+    both = run("eval", tiny_project, "--trace", "--no-nodes")
+    assert both.returncode == 2 and "--trace" in both.stderr

@@ -26,6 +26,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ws = Workspace.open(args.config, data=_data_dirs(args.data), limit=args.limit, march=args.march,
                         threads=args.threads, progress=progress_printer("calibration statistics"))
     t_stats = time.perf_counter() - t0
+    if args.trace and args.no_nodes:
+        raise TunerError("--trace shows the per-node values that --no-nodes skips; use one of them")
     ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)
     info = {
         "config": str(ws.config.path),
@@ -38,6 +40,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "warnings": ws.warnings,
     }
     if args.json:
+        if args.trace:
+            info["trace"] = text.accumulated_rows(ev, ws.graph)
         print(text.to_json(ev, info))
         return 0
     for w in ws.warnings:
@@ -50,7 +54,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
           + ("" if ev.calibration == ev.candidate.calibration else f"  (YAML: {ev.candidate.calibration.type})"))
     if ev.nodes:
         print()
-        print(text.node_table(ev))
+        print(text.accumulated_table(ev, ws.graph) if args.trace else text.node_table(ev))
     print()
     print(text.summary_line(ev))
     for note in ev.notes:
@@ -372,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "per-output and per-node similarity to the float model.")
     _simulation_args(p)
     p.add_argument("--no-nodes", action="store_true", help="skip the per-node table (faster)")
+    p.add_argument("--trace", action="store_true", help="accumulated-error view: per node in graph order, the "
+                                                        "cosine, its change from the node's inputs, and CPU/BPU "
+                                                        "switches; marks where error enters")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("check-data", help="check calibration data against the YAML: format, statistics, known mistakes",

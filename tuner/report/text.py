@@ -30,6 +30,33 @@ def node_table(ev: Evaluation) -> str:
     return table(["Node", "ON", "Subgraph", "Type", "Cosine Similarity", "Threshold", "In/Out DataType"], rows)
 
 
+def accumulated_rows(ev: Evaluation, graph) -> list[dict[str, Any]]:
+    """Per node in topological order: its output cosine, the change from the worst of its
+    inputs (negative: error enters at this node), and the CPU/BPU switches that feed it.
+    Where a large drop sits on a switch, the boundary's requantization is the culprit."""
+    by = {r.name: r for r in ev.nodes}
+    out = []
+    for i, r in enumerate(ev.nodes):
+        node = graph.by_name[r.name]
+        preds = [graph.producer[t] for t in node.inputs if t in graph.producer and graph.is_activation(t)]
+        in_cos = [by[p.name].cosine for p in preds if by[p.name].cosine is not None]
+        change = None if r.cosine is None else r.cosine - (min(in_cos) if in_cos else 1.0)
+        switches = sorted({f"{by[p.name].on}->{r.on}" for p in preds if by[p.name].on != r.on})
+        out.append({"index": i, "node": r.name, "on": r.on, "type": r.op_type, "cosine": r.cosine, "change": change,
+                    "switch": ",".join(switches)})
+    return out
+
+
+def accumulated_table(ev: Evaluation, graph, mark: int = 5) -> str:
+    rows = accumulated_rows(ev, graph)
+    worst = sorted((r for r in rows if r["change"] is not None and r["change"] < -1e-6), key=lambda r: r["change"])
+    marked = {r["index"] for r in worst[:mark]}
+    return table(["#", "Node", "ON", "Type", "Cosine", "Change", "Switch", ""],
+                 [[str(r["index"]), r["node"], r["on"], r["type"], _fmt(r["cosine"]),
+                   "--" if r["change"] is None else f"{r['change']:+.6f}", r["switch"],
+                   "<< error enters" if r["index"] in marked else ""] for r in rows])
+
+
 def output_table(ev: Evaluation) -> str:
     rows = [[name, _fmt(m["cosine"]), _fmt(m["sqnr_db"], 2), _fmt(m["max_abs"]), _fmt(m["l1"]), _fmt(m["l2"])]
             for name, m in ev.outputs.items()]
