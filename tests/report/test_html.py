@@ -116,3 +116,49 @@ def test_report_draws_in_headless_chromium(finished, tmp_path):
     r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", search.paths.report.resolve().as_uri()],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and shot.stat().st_size > 20_000
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_optuna_dashboard_reads_the_study_as_it_is(finished):
+    """The README's 'optuna-dashboard results/<study>/study.journal': the real server, on
+    loopback, lists the study and each trial's tuner record."""
+    import json
+    import time
+    import urllib.request
+
+    exe = shutil.which("optuna-dashboard", path=os.path.dirname(sys.executable)) or shutil.which("optuna-dashboard")
+    assert exe, "optuna-dashboard is in the test extra"
+    _, search, study = finished
+    port = _free_port()
+    proc = subprocess.Popen([exe, str(search.paths.journal), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as resp:
+                    summaries = json.load(resp)["study_summaries"]
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"optuna-dashboard did not start: {proc.stdout.read()[-2000:]}")
+                time.sleep(0.3)
+        (summary,) = summaries
+        assert summary["study_name"] == "tiny"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}?after=0",
+                                    timeout=30) as resp:
+            detail = json.load(resp)
+        assert len(detail["trials"]) == len(study.trials)
+        attrs = {a["key"]: a["value"] for a in detail["trials"][0]["user_attrs"]}
+        record = json.loads(attrs["record"]) if isinstance(attrs["record"], str) else attrs["record"]
+        assert record["accuracy"] == study.trials[0].user_attrs["record"]["accuracy"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
