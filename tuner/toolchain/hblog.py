@@ -31,8 +31,8 @@ from tuner.errors import TunerError
 _PREFIX = re.compile(r"^\s*\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[,.]\d+)?\s+"
                      r"(?:file:\s*\S+\s+func:\s*\S+\s+line No:\s*\d+\s*|(?:\[?(?:INFO|WARNING|WARN|ERROR|DEBUG)\]?\s+))?")
 _TIMESTAMP = re.compile(r"^\s*\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
-_NODE_HEADER = re.compile(r"^\s*Node\s+ON\s+Subgraph\s+Type\b")
-_OUTPUT_HEADER = re.compile(r"^\s*Output\s+Cosine\s+Similarity\b")
+_NODE_HEADER = re.compile(r"^[\s|]*Node[\s|]+ON[\s|]+Subgraph[\s|]+Type\b")
+_OUTPUT_HEADER = re.compile(r"^[\s|]*Output[\s|]+Cosine\s+Similarity\b")
 _RULE = re.compile(r"^\s*(=+|-+)\s*$")
 _SELECT = re.compile(r"Select\s+(\S+?)\s+method\.?\s*$")
 _SET_TO = re.compile(r"The (input|output) of node (.+?) (?:are|is) set to\s*:\s*(int8|int16)\b")
@@ -45,7 +45,7 @@ _NODE_WORD = re.compile(r"\bnode[s]?\s+(\S+)", re.I)
 _VERSION = re.compile(r"\b(hb_mapper|hbdk|horizon_nn) version\s*:\s*(\S+)")
 _MARCH = re.compile(r"compilation architecture:\s*(\S+?)\.?\s*$")
 _SUCCESS = re.compile(r"Convert to runtime bin file successfully")
-_ERROR = re.compile(r"(?:^|\s|\[)ERROR(?:\]|\s|:)|Traceback \(most recent call last\)")
+_ERROR = re.compile(r"(?:^|\s|\[)ERROR(?:\]|\s|:)")
 _CONVERSION_END = re.compile(r"End Model Convert")
 _LOGLIKE = re.compile(r"hb_mapper|horizon_nn|makertbin|hbdk", re.I)
 
@@ -218,6 +218,11 @@ def _output_row(tokens: list[str], fields: list[str]) -> OutputRecord | None:
     return OutputRecord(name=row["name"], **values)
 
 
+def _cells(line: str) -> list[str]:
+    """A row's cells; '|' column separators (some renderings of the tables) are dropped."""
+    return [c for c in (t.strip("|") for t in line.split()) if c] if "|" in line else line.split()
+
+
 def _table(lines: list[str], start: int, fields: list[str], make, what: str, warnings: list[str]) -> tuple[list, int]:
     """Rows from ``start`` until the table ends; wrapped rows are joined. Returns (rows, next index)."""
     rows, pending, i = [], [], start
@@ -227,11 +232,12 @@ def _table(lines: list[str], start: int, fields: list[str], make, what: str, war
         line = lines[i]
         if _ends_table(line):
             break
-        pending += line.split()
+        tokens = _cells(line)
+        pending += tokens
         if len(pending) >= len(fields):
             row = make(pending, fields)
             if row is None:
-                if len(pending) == len(line.split()):   # a whole line that is no row: the table is over
+                if len(pending) == len(tokens):   # a whole line that is no row: the table is over
                     pending = []
                     break
                 warnings.append(f"{what}: could not read the row {' '.join(pending)!r}; skipped")

@@ -318,8 +318,8 @@ def verify_trial(ctx: StudyContext, row: results.Row, command: str, timeout: flo
         record.update(status="timeout", error=f"no result within {timeout:g} s; the command was killed")
         log, data = None, None
     elif res.returncode != 0:
-        tail = (log.errors[-1] if log is not None and log.errors else
-                next((s for s in reversed(res.output.strip().splitlines()) if s.strip()), "no output"))
+        last = next((s.strip() for s in reversed(res.output.strip().splitlines()) if s.strip()), "no output")
+        tail = log.errors[-1] if log is not None and log.errors and log.path != "stdout" else last
         record.update(status="failed", error=f"exit code {res.returncode}: {tail[-300:]}")
         log, data = None, None
     return ctx.finish(row, record, log, data, feedback)
