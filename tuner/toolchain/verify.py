@@ -223,7 +223,8 @@ class StudyContext:
             user_attrs={"verified_from": row.number, "real": summary,
                         "plan": f"real toolchain value of trial {row.number}"})
         self.study.add_trial(trial)
-        return max(t.number for t in self.study.get_trials(deepcopy=False))
+        return max(t.number for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("verified_from") == row.number)
 
     def finish(self, row: results.Row, record: dict[str, Any], log: HbLog | None, data: dict | None,
                feedback: bool) -> dict[str, Any]:
@@ -290,7 +291,8 @@ def choose(rows: list[results.Row], mode: str, top: int | None, numbers: list[in
     front = sorted(results.pareto(originals), key=key)
     if top is None:
         return front
-    rest = sorted((r for r in originals if r.feasible and r not in front), key=key)
+    on_front = {r.number for r in front}
+    rest = sorted((r for r in originals if r.feasible and r.number not in on_front), key=key)
     return (front + rest)[:top]
 
 
