@@ -104,3 +104,25 @@ def test_verify_needs_yaml_in_the_command(study_dir):
     root, _ = study_dir
     r = cli("verify", "tiny", "--command", "echo hi", cwd=root)
     assert r.returncode == 2 and "{yaml}" in r.stderr
+
+
+def test_import_log_attaches_a_hand_made_run_to_a_trial(study_dir):
+    root, _ = study_dir
+    study, _ = open_existing("tiny", None, root / "results")
+    number = next(r.number for r in rows(study) if real_record(study, r.number) is None)
+    run_dir = root / "by_hand"
+    run_dir.mkdir()
+    e = cli("export", "tiny", "--trial", number, "--out", run_dir / "cfg.yaml", cwd=root)
+    assert e.returncode == 0, e.stderr
+    conv = subprocess.run([sys.executable, str(FAKE), "makertbin", "--config", "cfg.yaml", "--model-type", "onnx"],
+                          cwd=run_dir, capture_output=True, text=True, timeout=300)
+    assert conv.returncode == 0, conv.stderr
+    r = cli("import-log", run_dir / "hb_mapper_makertbin.log", "--study", "tiny", "--trial", number, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert f"stored on trial {number}" in r.stdout and "added trial" in r.stdout
+    study, _ = open_existing("tiny", None, root / "results")
+    rec = real_record(study, number)
+    assert rec["status"] == "ok" and rec["accuracy"] < rec["sim_accuracy"]
+    assert comparison_for_trial(study, number).output_cosine_gap < 0
+    r = cli("import-log", run_dir / "hb_mapper_makertbin.log", "--study", "tiny", cwd=root)
+    assert r.returncode == 2 and "--trial" in r.stderr
