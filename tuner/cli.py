@@ -319,6 +319,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = study_info(study)
     print(f"study {study.study_name}: mode {info['mode']}, march {info['march']}, base {info['base_path']}")
     _print_summary(study, paths, info["mode"], info["objectives"].get("min_accuracy"))
+    from tuner.toolchain.verify import real_summary
+
+    real = real_summary(study)
+    if real:
+        print(f"\n{real}")
     return 0
 
 
@@ -337,6 +342,15 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise TunerError(f"trial {args.trial} of study {study.study_name!r} is not a completed trial; "
                              f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
         row = match[0]
+    elif args.by == "real":
+        from tuner.toolchain.verify import best_real
+
+        found = best_real(study, info["mode"], info["objectives"].get("min_accuracy"))
+        if found is None:
+            raise TunerError(f"study {study.study_name!r} has no trial with a real accuracy that meets the constraints; "
+                             "run 'tuner verify' first, or export by the simulated figure")
+        row = found[0]
+        print(f"trial {row.number}: real accuracy {found[1]['accuracy']:.6f} ({found[1]['accuracy_source']})")
     else:
         row = best(rs, info["mode"], info["objectives"].get("min_accuracy"))
         if row is None:
@@ -459,6 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "export":
             p.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
             p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml)")
+            p.add_argument("--by", choices=("simulated", "real"), default="simulated",
+                           help="pick the best by the simulated figure (default) or by the real one 'tuner verify' "
+                                "stored")
         p.set_defaults(func=func)
 
     p = sub.add_parser("report", help="write results/<study>/report.html (Pareto, history, sensitivity, per-node "
@@ -470,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default="results", help="where study folders are (default: results)")
     p.add_argument("--threads", type=int, help="evaluation threads (default: all cores)")
     p.set_defaults(func=cmd_report)
+
+    from tuner.toolchain.commands import add_commands
+
+    add_commands(sub)
     return parser
 
 

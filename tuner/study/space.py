@@ -215,6 +215,9 @@ def load_space(path: str | Path) -> SearchSpace:
         raise TunerError(f"{path}: study.name: use letters, digits, '_', '-', '.', got {s['name']!r}")
     if not isinstance(s["warm_start"], bool):
         raise TunerError(f"{path}: study.warm_start: expected true or false")
+    if isinstance(raw["march"], str) and raw["march"].endswith((".yaml", ".yml")):
+        # a target table file (e.g. one corrected by 'tuner import-log --update-target'), relative to this file
+        raw["march"] = str((path.parent / raw["march"]).resolve())
     eval_data = None
     if raw["eval_data"] is not None:
         eval_data = [(path.parent / p).resolve() for p in str(raw["eval_data"]).split(";")]

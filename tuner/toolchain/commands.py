@@ -1,0 +1,170 @@
+"""The ``import-log`` and ``verify`` subcommands (registered by :func:`add_commands` in tuner.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tuner.errors import TunerError
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def log_text(log) -> str:
+    """A parsed log on its own (no YAML to compare with)."""
+    from tuner.report.text import table
+
+    bpu = sum(1 for n in log.nodes if n.on == "BPU")
+    subgraphs = len({n.subgraph for n in log.nodes if n.subgraph is not None})
+    lines = [f"log        {log.path}" + (f"  (hb_mapper {log.versions['hb_mapper']})" if "hb_mapper" in log.versions
+                                         else ""),
+             f"nodes      {len(log.nodes)} row(s): {bpu} BPU, {len(log.nodes) - bpu} CPU, {subgraphs} BPU subgraph(s)",
+             f"calibration {log.method or '(no Select line: an explicit method, or the log was cut)'}",
+             f"converted  {'yes' if log.succeeded else 'no success line'}"]
+    sets = [f"{e.node} ({e.side})" for e in log.int16 if e.status == "set"]
+    if sets:
+        lines.append(f"int16 set  {', '.join(sets[:10])}" + (" ..." if len(sets) > 10 else ""))
+    for e in log.refused():
+        lines.append(f"int16 refused: {e.text}")
+    for w in log.warnings:
+        lines.append(f"warning: {w}")
+    if log.outputs:
+        lines += ["", table(["Output", "Cosine Similarity", "L1", "L2", "Chebyshev"],
+                            [[o.name] + ["--" if v is None else f"{v:.6f}" for v in (o.cosine, o.l1, o.l2, o.chebyshev)]
+                             for o in log.outputs])]
+    return "\n".join(lines)
+
+
+def cmd_import_log(args: argparse.Namespace) -> int:
+    from tuner.toolchain.compare import Comparison
+    from tuner.toolchain.hblog import read_log, require_tables
+
+    log = require_tables(read_log(args.log))
+    if args.config and args.study:
+        raise TunerError("give --config YAML (compare with that YAML) or --study/--trial (attach to a trial), not both")
+    comparison = None
+    record = None
+    target = None
+    if args.study:
+        from tuner.study.runner import open_existing
+        from tuner.toolchain.verify import StudyContext, attach_log
+
+        if args.trial is None:
+            raise TunerError("--study needs --trial N: the trial whose YAML hb_mapper converted")
+        study, paths = open_existing(args.study, args.storage, args.results_dir)
+        ctx = StudyContext(study, paths, args.threads)
+        record = attach_log(ctx, args.trial, log, feedback=not args.no_feedback)
+        if record.get("comparison"):
+            comparison = Comparison.from_dict(record["comparison"])
+            target = ctx.workspace().target
+    elif args.config:
+        from tuner.workspace import Workspace, progress_printer
+
+        ws = Workspace.open(args.config, limit=args.limit, march=args.march, threads=args.threads,
+                            progress=progress_printer("calibration statistics"))
+        ev = ws.simulator.evaluate(ws.base_candidate(), per_node=True)
+        comparison = Comparison.build(ev, log)
+        target = ws.target
+    changes = None
+    if args.update_target:
+        if comparison is None:
+            raise TunerError("--update-target needs --config YAML (or --study/--trial): the tool's decisions are "
+                             "compared with what tuner assumed for that YAML")
+        from tuner.toolchain.learn import write_learned_target
+
+        changes = write_learned_target(comparison, target, Path(args.update_target))
+    if args.json:
+        out = {"log": log.as_dict()}
+        if comparison is not None:
+            out["comparison"] = comparison.as_dict()
+        if record is not None:
+            out["record"] = {k: v for k, v in record.items() if k != "comparison"}
+        if changes is not None:
+            out["target_changes"] = changes
+        print(json.dumps(out, indent=2, allow_nan=False, default=str))
+        return 0
+    print(log_text(log))
+    if comparison is not None:
+        print()
+        print(comparison.text())
+    if record is not None:
+        acc = record.get("accuracy")
+        print(f"\nstored on trial {args.trial} of study {args.study}"
+              + (f": real {record['objective']} {acc:.6f} ({record['accuracy_source']}) vs simulated "
+                 f"{record['sim_accuracy']:.6f}" if acc is not None else "")
+              + (f"; added trial {record['feedback_trial']} with the real value for the sampler"
+                 if record.get("feedback_trial") is not None else ""))
+    if changes is not None:
+        print(f"\n{args.update_target}: " + ("; ".join(changes) if changes else "no change (evidence recorded)"))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from tuner.study.runner import duration, open_existing
+    from tuner.toolchain.verify import StudyContext, results_table, verify_study
+
+    numbers = None
+    if args.trials:
+        try:
+            numbers = [int(x) for x in args.trials.split(",") if x.strip()]
+        except ValueError:
+            raise TunerError(f"--trials: expected numbers separated by commas, got {args.trials!r}") from None
+    if args.top is not None and args.top < 1:
+        raise TunerError(f"--top: expected a positive number, got {args.top}")
+    study, paths = open_existing(args.study, args.storage, args.results_dir)
+    ctx = StudyContext(study, paths, args.threads)
+    done = verify_study(ctx, args.command, top=args.top, numbers=numbers, timeout=duration(args.timeout),
+                        again=args.again, feedback=not args.no_feedback, log_name=args.log_name, say=_say)
+    print(results_table(done))
+    added = [str(rec["feedback_trial"]) for _, rec in done if rec.get("feedback_trial") is not None]
+    if added:
+        print(f"\nreal values added to the study as trial(s) {', '.join(added)} (the sampler learns from them)")
+    print(f"\nper trial: {paths.root / 'verify'}/trial_NNNNN/ (YAML, output.txt, the tool's artefacts)")
+    return 0 if all(rec.get("status") == "ok" for _, rec in done) else 1
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("import-log", help="read an hb_mapper makertbin log; compare it with the simulation",
+                       description="Parse hb_mapper_makertbin.log (node table, output table, chosen calibration, "
+                                   "int16 decisions). With --config: simulate that YAML and show real and simulated "
+                                   "side by side. With --study/--trial: store the real figures on that trial.")
+    p.add_argument("log", help="hb_mapper_makertbin.log (written where hb_mapper was started)")
+    p.add_argument("--config", help="the hb_mapper YAML that produced the log, to compare with the simulation")
+    p.add_argument("--study", help="attach the log to a trial of this study (with --trial)")
+    p.add_argument("--trial", type=int, help="the trial whose exported YAML was converted")
+    p.add_argument("--storage", help="Optuna storage URL, when the study is not in results/")
+    p.add_argument("--results-dir", default="results", help="where study folders are (default: results)")
+    p.add_argument("--update-target", metavar="FILE",
+                   help="write/update a target table corrected by the tool's decisions (use it as 'march: FILE')")
+    p.add_argument("--no-feedback", action="store_true", help="with --study: do not add the real value as a trial")
+    p.add_argument("--limit", type=int, help="simulate on at most this many samples")
+    p.add_argument("--march", help="override model_parameters.march")
+    p.add_argument("--threads", type=int, help="evaluation threads")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(func=cmd_import_log)
+
+    p = sub.add_parser("verify", help="run hb_mapper (or a board script) on a study's best trials; store real figures",
+                       description="For each chosen trial, export its YAML to results/<study>/verify/trial_NNNNN/ and "
+                                   "run COMMAND there ({yaml}, {dir}, {trial} are substituted). The command's "
+                                   "hb_mapper_makertbin.log and/or a JSON object on its last output line "
+                                   "({\"accuracy\": ...}) are imported and stored on the trial; real accuracies are "
+                                   "added to the study so the sampler learns from them. Exit code 1 if any trial "
+                                   "failed.")
+    p.add_argument("study", help="study name (results/<name>) or its folder")
+    p.add_argument("--command", required=True,
+                   help="e.g. 'hb_mapper makertbin --config {yaml} --model-type onnx' or 'python board_eval.py {yaml}'")
+    p.add_argument("--top", type=int, help="the K best trials (default: the whole Pareto front)")
+    p.add_argument("--trials", help="these trial numbers, e.g. 12,40")
+    p.add_argument("--timeout", help="per trial (seconds, or 30m, 2h); the command is killed after it")
+    p.add_argument("--log-name", default="hb_mapper_makertbin.log",
+                   help="the log file the command writes, relative to its folder (default: %(default)s)")
+    p.add_argument("--again", action="store_true", help="rerun trials verified before")
+    p.add_argument("--no-feedback", action="store_true", help="do not add the real values to the study")
+    p.add_argument("--storage", help="Optuna storage URL, when the study is not in results/")
+    p.add_argument("--results-dir", default="results", help="where study folders are (default: results)")
+    p.add_argument("--threads", type=int, help="evaluation threads for the comparison")
+    p.set_defaults(func=cmd_verify)

@@ -1,0 +1,297 @@
+"""The simulation next to the real toolchain: per node and per output, for one YAML.
+
+A :class:`Comparison` pairs the simulator's per-node rows (``Simulator.evaluate(...,
+per_node=True)``) with the rows of hb_mapper's log: cosine and threshold, placement and
+dtype as the tool decided vs as tuner assumed, and the int16 requests the tool refused.
+Two summary figures say how far the simulation was: the Spearman rank correlation of the
+two per-node cosine columns (does the simulator find the same weak nodes?) and the output
+cosine gap (real minus simulated, mean over outputs; negative: the real model is worse).
+
+Rows hb_mapper inserts (``HZ_PREPROCESS_FOR_*``, ``*_Requantize``, layout conversions) have
+no model node and are listed apart; model nodes without a row were fused away by the tool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.candidate import Candidate
+from tuner.simulate import Evaluation
+from tuner.toolchain.hblog import HbLog
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None below 3 pairs or for a constant column."""
+    if len(a) != len(b) or len(a) < 3:
+        return None
+
+    def ranks(x: list[float]) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        order = np.argsort(x, kind="mergesort")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x), dtype=float)
+        for v in np.unique(x):          # ties share their mean rank
+            tie = x == v
+            if tie.sum() > 1:
+                r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def int16_requests(candidate: Candidate) -> dict[str, str]:
+    """node -> 'input' | 'output' | 'input+output': what the YAML's node_info asks in int16."""
+    out = {}
+    for name, s in candidate.nodes:
+        sides = []
+        if s.input_type == "int16" or any(v == "int16" for _, v in s.input_types):
+            sides.append("input")
+        if s.output_type == "int16":
+            sides.append("output")
+        if sides:
+            out[name] = "+".join(sides)
+    return out
+
+
+@dataclass
+class NodeComparison:
+    node: str
+    op_type: str
+    sim_on: str
+    real_on: str | None
+    sim_subgraph: int | None
+    real_subgraph: int | None
+    sim_cosine: float | None
+    real_cosine: float | None
+    sim_threshold: float | None
+    real_threshold: float | None
+    sim_dtype: str
+    real_dtype: str | None
+    kernel: str | None = None
+    int16_requested: str | None = None
+    int16_refused: bool | None = None       # None: not requested, or the log does not show it
+
+    @property
+    def placement_differs(self) -> bool:
+        return self.real_on is not None and self.real_on != self.sim_on
+
+
+@dataclass
+class OutputComparison:
+    name: str
+    sim_cosine: float | None
+    real_cosine: float | None
+
+    @property
+    def gap(self) -> float | None:
+        if self.sim_cosine is None or self.real_cosine is None:
+            return None
+        return self.real_cosine - self.sim_cosine
+
+
+@dataclass
+class Comparison:
+    nodes: list[NodeComparison]
+    outputs: list[OutputComparison]
+    sim_method: str | None = None
+    real_method: str | None = None
+    log_only: list[str] = field(default_factory=list)
+    without_row: list[str] = field(default_factory=list)
+    source: str | None = None
+
+    # -- summary figures -----------------------------------------------------------------
+    def _paired(self) -> list[NodeComparison]:
+        return [n for n in self.nodes if n.sim_cosine is not None and n.real_cosine is not None
+                and math.isfinite(n.sim_cosine) and math.isfinite(n.real_cosine)]
+
+    @property
+    def spearman(self) -> float | None:
+        p = self._paired()
+        return spearman([n.sim_cosine for n in p], [n.real_cosine for n in p])
+
+    @property
+    def n_paired(self) -> int:
+        return len(self._paired())
+
+    @property
+    def output_cosine_gap(self) -> float | None:
+        gaps = [o.gap for o in self.outputs if o.gap is not None]
+        return float(np.mean(gaps)) if gaps else None
+
+    @property
+    def real_output_cosine(self) -> float | None:
+        v = [o.real_cosine for o in self.outputs if o.real_cosine is not None]
+        return float(np.mean(v)) if v else None
+
+    @property
+    def sim_output_cosine(self) -> float | None:
+        v = [o.sim_cosine for o in self.outputs if o.sim_cosine is not None]
+        return float(np.mean(v)) if v else None
+
+    @property
+    def placement_differs(self) -> list[str]:
+        return [n.node for n in self.nodes if n.placement_differs]
+
+    @property
+    def int16_refused(self) -> list[str]:
+        return [n.node for n in self.nodes if n.int16_refused]
+
+    # -- building ------------------------------------------------------------------------
+    @classmethod
+    def build(cls, ev: Evaluation, log: HbLog) -> "Comparison":
+        """Pair an evaluation made with ``per_node=True`` with a parsed log."""
+        requested = int16_requests(ev.candidate)
+        refused_msgs = {e.node for e in log.refused()}
+        used: set[int] = set()
+        nodes, without_row = [], []
+        for r in ev.nodes:
+            rows = log.rows_for(r.name)
+            used.update(id(x) for x in rows)
+            own = rows[0] if rows and rows[0].matches(r.name) else None
+            want = requested.get(r.name)
+            refused = None
+            if want:
+                refused = _refused(want, rows) if rows else None
+                if any(m == r.name or (m.startswith("...") and r.name.endswith(m[3:])) for m in refused_msgs):
+                    refused = True
+            if not rows:
+                without_row.append(r.name)
+            nodes.append(NodeComparison(
+                node=r.name, op_type=r.op_type, sim_on=r.on, real_on=rows[0].on if rows else None,
+                sim_subgraph=r.subgraph, real_subgraph=rows[0].subgraph if rows else None,
+                sim_cosine=r.cosine, real_cosine=own.cosine if own else None,
+                sim_threshold=r.threshold, real_threshold=own.threshold if own else None,
+                sim_dtype=f"{r.in_dtype}/{r.out_dtype}",
+                real_dtype=_dtype_text(own or (rows[0] if rows else None)),
+                kernel=rows[0].kernel if rows else None, int16_requested=want, int16_refused=refused))
+        log_only = [x.name for x in log.nodes if id(x) not in used]
+        real_out = {o.name: o for o in log.outputs}
+        outputs = [OutputComparison(name=name, sim_cosine=m.get("cosine"),
+                                    real_cosine=real_out[name].cosine if name in real_out else None)
+                   for name, m in ev.outputs.items()]
+        outputs += [OutputComparison(name=o.name, sim_cosine=None, real_cosine=o.cosine)
+                    for o in log.outputs if o.name not in ev.outputs]
+        return cls(nodes=nodes, outputs=outputs, sim_method=ev.calibration.describe(), real_method=log.method,
+                   log_only=log_only, without_row=without_row, source=log.path)
+
+    # -- (de)serialising -----------------------------------------------------------------
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["summary"] = {"spearman": self.spearman, "n_paired": self.n_paired,
+                        "output_cosine_gap": self.output_cosine_gap, "real_output_cosine": self.real_output_cosine,
+                        "sim_output_cosine": self.sim_output_cosine, "placement_differs": self.placement_differs,
+                        "int16_refused": self.int16_refused}
+        return _clean(d)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Comparison":
+        d = {k: v for k, v in d.items() if k != "summary"}
+        d["nodes"] = [NodeComparison(**n) for n in d.get("nodes", [])]
+        d["outputs"] = [OutputComparison(**o) for o in d.get("outputs", [])]
+        return cls(**d)
+
+    # -- text ----------------------------------------------------------------------------
+    def summary(self) -> str:
+        rho = self.spearman
+        gap = self.output_cosine_gap
+        lines = [f"output cosine: real {_f(self.real_output_cosine)}, simulated {_f(self.sim_output_cosine)}, "
+                 f"gap {_f(gap, sign=True)} (real - simulated)",
+                 f"per-node cosine rank correlation (Spearman): {_f(rho, 3)} over {self.n_paired} node(s)"]
+        if self.real_method or self.sim_method:
+            lines.append(f"calibration: real {self.real_method or '(no Select line)'}, simulated {self.sim_method}")
+        if self.placement_differs:
+            lines.append(f"placement differs on {len(self.placement_differs)} node(s): "
+                         + ", ".join(self.placement_differs[:8]) + (" ..." if len(self.placement_differs) > 8 else ""))
+        if self.int16_refused:
+            lines.append(f"int16 refused by the tool on {len(self.int16_refused)} node(s): "
+                         + ", ".join(self.int16_refused[:8]) + (" ..." if len(self.int16_refused) > 8 else ""))
+        if self.without_row:
+            lines.append(f"{len(self.without_row)} model node(s) have no row in the log (fused by the tool)")
+        if self.log_only:
+            lines.append(f"{len(self.log_only)} log row(s) have no model node (inserted by the tool)")
+        return "\n".join(lines)
+
+    def node_table(self) -> str:
+        from tuner.report.text import table
+
+        rows = []
+        for n in self.nodes:
+            mark = "*" if n.placement_differs or n.int16_refused else " "
+            delta = (n.real_cosine - n.sim_cosine) if n.real_cosine is not None and n.sim_cosine is not None else None
+            int16 = "" if not n.int16_requested else f"{n.int16_requested}: " + (
+                "refused" if n.int16_refused else "kept" if n.int16_refused is False else "?")
+            rows.append([mark + n.node, f"{n.real_on or '--'}/{n.sim_on}", n.kernel or "--", _f(n.real_cosine),
+                         _f(n.sim_cosine), _f(delta, sign=True), _f(n.real_threshold, 4), _f(n.sim_threshold, 4),
+                         f"{n.real_dtype or '--'} | {n.sim_dtype}", int16])
+        return table(["Node", "ON real/sim", "Type (real)", "Cosine real", "Cosine sim", "delta", "Threshold real",
+                      "Threshold sim", "DataType real | sim", "int16 request"], rows)
+
+    def output_table(self) -> str:
+        from tuner.report.text import table
+
+        return table(["Output", "Cosine real", "Cosine sim", "gap"],
+                     [[o.name, _f(o.real_cosine), _f(o.sim_cosine), _f(o.gap, sign=True)] for o in self.outputs])
+
+    def text(self) -> str:
+        return "\n\n".join([self.node_table(), self.output_table(), self.summary()])
+
+
+def _refused(want: str, rows) -> bool | None:
+    """Whether the tool dropped an int16 request, from the DataType column of the node's rows."""
+    verdicts = []
+    if "output" in want:
+        outs = [r.out_dtype for r in rows if r.out_dtype]
+        verdicts.append(None if not outs else "int16" not in outs)
+    if "input" in want:
+        ins = [r.in_dtype for r in rows if r.in_dtype]
+        if ins:
+            verdicts.append("int16" not in ins)
+        elif "output" not in want:
+            # newer logs print one DataType (the output's): an input-only request is not visible there
+            outs = [r.out_dtype for r in rows if r.out_dtype]
+            verdicts.append(False if "int16" in outs else None)
+    known = [v for v in verdicts if v is not None]
+    return any(known) if known else None
+
+
+def _dtype_text(row) -> str | None:
+    if row is None:
+        return None
+    if row.in_dtype:
+        return f"{row.in_dtype}/{row.out_dtype}"
+    return row.out_dtype
+
+
+def _f(value: float | None, digits: int = 6, sign: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "--"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    return v
+
+
+def comparison_for_trial(study, trial) -> "Comparison | None":
+    """The comparison stored for a trial by ``tuner verify`` or ``tuner import-log --study/--trial``,
+    or None when no log was attached to it. ``trial`` is a FrozenTrial or a trial number."""
+    from tuner.toolchain.records import real_record
+
+    number = trial if isinstance(trial, int) else trial.number
+    rec = real_record(study, number)
+    if not rec or not rec.get("comparison"):
+        return None
+    return Comparison.from_dict(rec["comparison"])

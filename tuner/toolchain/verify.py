@@ -1,0 +1,409 @@
+"""``tuner verify``: run the real toolchain (or a board script) on a study's best trials.
+
+For each chosen trial: export its YAML into ``<study>/verify/trial_NNNNN/`` (with
+``working_dir: model_output`` there, so runs do not overwrite each other), run the user's
+command in that folder with ``{yaml}`` (also ``{dir}``, ``{trial}``) substituted, then read
+what it left: ``hb_mapper_makertbin.log`` in the folder (or a log printed on stdout), and/or
+a JSON object printed as the last line of stdout (a board evaluation: ``{"accuracy": 0.71}``,
+or keyed by the study's objective, e.g. ``{"miou:seg": 0.71, "latency_ms": 8.2}``).
+
+What is stored (see :mod:`tuner.toolchain.records`): the real record under the study user
+attribute ``real:N``, with the per-node comparison when a log was read. What is fed back:
+when the record holds a real accuracy comparable with the study's objective (the JSON's,
+or the log's output cosines for cosine objectives), a COMPLETE trial with the same
+parameters and the real value is added (``study.add_trial``), so TPE learns that this
+region is worse (or better) than simulated. The simulated trial stays; the sampler then
+sees both values for these parameters.
+
+A timeout, a failing command or output without anything usable is recorded for that trial
+and the next trial runs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from tuner.errors import TunerError
+from tuner.study import results
+from tuner.toolchain.compare import Comparison
+from tuner.toolchain.hblog import HbLog, parse_log
+from tuner.toolchain.records import real_record, real_records, save_real
+
+LOG_NAME = "hb_mapper_makertbin.log"
+COSINE_OBJECTIVES = ("mean_cosine", "min_cosine")
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class RunResult:
+    returncode: int | None
+    output: str
+    seconds: float
+    timed_out: bool
+
+
+def run_command(command: str, cwd: Path, timeout: float | None) -> RunResult:
+    """Run ``command`` in a shell in its own process group; on timeout the whole group is killed."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, shell=True, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, _ = proc.communicate()
+        timed_out = True
+    return RunResult(returncode=None if timed_out else proc.returncode,
+                     output=out.decode("utf-8", errors="replace"), seconds=time.perf_counter() - t0,
+                     timed_out=timed_out)
+
+
+def substitute(template: str, yaml_path: Path, folder: Path, number: int) -> str:
+    if "{yaml}" not in template:
+        raise TunerError("--command must contain {yaml} (the exported YAML's path), e.g. "
+                         "--command 'hb_mapper makertbin --config {yaml} --model-type onnx'")
+    return (template.replace("{yaml}", shlex.quote(str(yaml_path))).replace("{dir}", shlex.quote(str(folder)))
+            .replace("{trial}", str(number)))
+
+
+def last_json(output: str) -> dict[str, Any] | None:
+    """The last line of the output that is a JSON object (a board script's result)."""
+    for line in reversed(output.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def find_log(folder: Path, output: str, log_name: str, started: float) -> HbLog | None:
+    """The conversion log the command left: ``folder/log_name`` (written during this run), else stdout."""
+    path = folder / log_name
+    if path.is_file() and path.stat().st_mtime >= started - 1:
+        try:
+            log = parse_log(path.read_bytes().decode("utf-8", errors="replace"), str(path))
+        except TunerError:
+            log = None
+        if log is not None:
+            return log
+    try:
+        log = parse_log(output, "stdout")
+    except TunerError:
+        return None
+    return log if log.has_tables or log.errors else None
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def real_accuracy(objective: str, log: HbLog | None, data: dict[str, Any] | None) -> tuple[float | None, str | None]:
+    """A real value comparable with the study's accuracy objective, and where it came from."""
+    if data:
+        for key in (objective, "accuracy"):
+            v = data.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                return float(v), f"json:{key}"
+    if log is not None and log.outputs:
+        cos = {o.name: o.cosine for o in log.outputs if o.cosine is not None}
+        if cos and objective == "mean_cosine":
+            return sum(cos.values()) / len(cos), "log:mean_cosine"
+        if cos and objective == "min_cosine":
+            return min(cos.values()), "log:min_cosine"
+        kind, _, name = objective.partition(":")
+        if kind == "cosine" and name in cos:
+            return cos[name], f"log:{objective}"
+    return None, None
+
+
+def _log_summary(log: HbLog) -> dict[str, Any]:
+    return {"path": log.path, "nodes": len(log.nodes), "outputs": {o.name: o.cosine for o in log.outputs},
+            "method": log.method, "succeeded": log.succeeded, "versions": log.versions,
+            "int16_set": [e.node for e in log.int16 if e.status == "set"],
+            "int16_refused_messages": [e.text for e in log.refused()][:20], "errors": log.errors[-3:],
+            "warnings": log.warnings[:10]}
+
+
+# --------------------------------------------------------------------------- the study side
+
+
+class StudyContext:
+    """A study plus what it takes to simulate its trials per node (opened on first use)."""
+
+    def __init__(self, study: optuna.Study, paths, threads: int | None = None):
+        from tuner.study.runner import study_info
+
+        self.study = study
+        self.paths = paths
+        self.info = study_info(study)
+        self.threads = threads
+        self._ws = None
+
+    @property
+    def objective(self) -> str:
+        return self.info["objectives"].get("accuracy", "mean_cosine")
+
+    @property
+    def mode(self) -> str:
+        return self.info["mode"]
+
+    def workspace(self):
+        if self._ws is None:
+            from tuner.study.space import load_space
+            from tuner.workspace import Workspace
+
+            space_path = Path(self.info.get("space_path", ""))
+            if space_path.is_file():
+                space = load_space(space_path)
+                self._ws = Workspace.open(space.base, data=space.eval_data, limit=space.raw["eval_limit"],
+                                          march=space.raw["march"], threads=self.threads)
+            else:
+                self._ws = Workspace.open(self.info["base_path"], march=self.info.get("march"), threads=self.threads)
+        return self._ws
+
+    def compare(self, row: results.Row, log: HbLog) -> Comparison:
+        from tuner.candidate import Candidate
+
+        cand = Candidate.from_yaml_fields(row.record["candidate"])
+        ev = self.workspace().simulator.evaluate(cand, per_node=True)
+        return Comparison.build(ev, log)
+
+    def export(self, row: results.Row, folder: Path) -> Path:
+        """The trial's YAML in ``folder``, building into ``folder/model_output``."""
+        from tuner.export.hb_yaml import dump_yaml, write_atomic
+        from tuner.study.runner import export_trial
+
+        out = folder / f"trial_{row.number:05d}.yaml"
+        export_trial(row, out, Path(self.info["base_path"]), self.info.get("node_info_supported", True), None,
+                     {"study": self.study.study_name, **self.info["fingerprints"]})
+        text = out.read_text(encoding="utf-8")
+        header = [line for line in text.splitlines() if line.startswith("#")]
+        cfg = yaml.safe_load(text)
+        cfg.setdefault("model_parameters", {})["working_dir"] = "model_output"
+        write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg))
+        return out
+
+    def feed_back(self, row: results.Row, accuracy: float, latency_ms: float | None, record: dict) -> int:
+        """Add a COMPLETE trial with the trial's parameters and the real value; returns its number."""
+        obj = self.info["objectives"]
+        lat = latency_ms if latency_ms is not None else row.latency_ms
+        values = {"pareto": [accuracy, lat], "accuracy": [accuracy], "latency": [lat]}[self.mode]
+        constraints = {}
+        if obj.get("min_accuracy") is not None:
+            constraints["min_accuracy"] = float(obj["min_accuracy"]) - accuracy
+        if obj.get("max_latency_ms") is not None:
+            constraints["max_latency_ms"] = lat - float(obj["max_latency_ms"])
+        summary = {k: record.get(k) for k in ("status", "accuracy", "accuracy_source", "latency_ms", "output_cosine",
+                                               "sim_accuracy", "when")}
+        trial = optuna.trial.create_trial(
+            params=dict(row.trial.params), distributions=dict(row.trial.distributions), values=values,
+            constraints=constraints or None,
+            user_attrs={"verified_from": row.number, "real": summary,
+                        "plan": f"real toolchain value of trial {row.number}"})
+        self.study.add_trial(trial)
+        return max(t.number for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("verified_from") == row.number)
+
+    def finish(self, row: results.Row, record: dict[str, Any], log: HbLog | None, data: dict | None,
+               feedback: bool) -> dict[str, Any]:
+        """Fill the real figures into ``record`` (comparison, accuracy), store it, feed it back."""
+        record["sim_accuracy"] = row.accuracy
+        record["objective"] = self.objective
+        if log is not None:
+            record["log_summary"] = _log_summary(log)
+            record["output_cosine"] = log.mean_output_cosine
+            record["method"] = log.method
+            if log.has_tables:
+                try:
+                    record["comparison"] = self.compare(row, log).as_dict()
+                except (TunerError, OSError, ValueError) as exc:
+                    record["comparison_error"] = str(exc)
+        if data is not None:
+            record["json"] = data
+            lat = data.get("latency_ms")
+            if isinstance(lat, (int, float)) and not isinstance(lat, bool) and math.isfinite(lat):
+                record["latency_ms"] = float(lat)
+        acc, source = real_accuracy(self.objective, log, data)
+        record["accuracy"], record["accuracy_source"] = acc, source
+        if record.get("status") == "ok" and acc is None and not (log is not None and log.has_tables):
+            record["status"] = "unusable"
+            record["error"] = ("the command printed neither an hb_mapper log with its tables nor a JSON object with "
+                               f"'accuracy' or {self.objective!r}")
+        if record.get("status") == "ok" and acc is not None and feedback:
+            record["feedback_trial"] = self.feed_back(row, acc, record.get("latency_ms"), record)
+        save_real(self.study, row.number, _jsonable(record))
+        return record
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def _now() -> str:
+    return _dt.datetime.now().isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- choosing and running
+
+
+def choose(rows: list[results.Row], mode: str, top: int | None, numbers: list[int] | None) -> list[results.Row]:
+    """Explicit trial numbers; else the Pareto front (most accurate first), cut to ``top`` and
+    topped up with the next most accurate feasible trials. Repeats of a simulated candidate are skipped."""
+    originals = [r for r in rows if "duplicate_of" not in r.record]
+    if numbers:
+        by_number = {r.number: r for r in rows}
+        missing = [n for n in numbers if n not in by_number]
+        if missing:
+            raise TunerError(f"trial(s) {', '.join(map(str, missing))} are not completed trials of the study")
+        return [by_number[n] for n in numbers]
+    key = (lambda r: (r.latency_ms, -r.accuracy, r.number)) if mode == "latency" else \
+        (lambda r: (-r.accuracy, r.latency_ms, r.number))
+    front = sorted(results.pareto(originals), key=key)
+    if top is None:
+        return front
+    on_front = {r.number for r in front}
+    rest = sorted((r for r in originals if r.feasible and r.number not in on_front), key=key)
+    return (front + rest)[:top]
+
+
+def verify_trial(ctx: StudyContext, row: results.Row, command: str, timeout: float | None,
+                 log_name: str = LOG_NAME, feedback: bool = True) -> dict[str, Any]:
+    folder = ctx.paths.root / "verify" / f"trial_{row.number:05d}"
+    record: dict[str, Any] = {"status": "ok", "when": _now(), "dir": str(folder)}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        yaml_path = ctx.export(row, folder)
+    except (TunerError, OSError) as exc:
+        record.update(status="error", error=f"export failed: {exc}")
+        save_real(ctx.study, row.number, _jsonable(record))
+        return record
+    (folder / log_name).unlink(missing_ok=True)     # never import a stale log from an earlier run
+    cmd = substitute(command, yaml_path.resolve(), folder.resolve(), row.number)
+    record.update(yaml=str(yaml_path), command=cmd)
+    started = time.time()
+    res = run_command(cmd, folder, timeout)
+    (folder / "output.txt").write_text(res.output, encoding="utf-8")
+    record.update(returncode=res.returncode, seconds=round(res.seconds, 3))
+    log = find_log(folder, res.output, log_name, started)
+    data = last_json(res.output)
+    if res.timed_out:
+        record.update(status="timeout", error=f"no result within {timeout:g} s; the command was killed")
+        log, data = None, None
+    elif res.returncode != 0:
+        last = next((s.strip() for s in reversed(res.output.strip().splitlines()) if s.strip()), "no output")
+        tail = log.errors[-1] if log is not None and log.errors and log.path != "stdout" else last
+        record.update(status="failed", error=f"exit code {res.returncode}: {tail[-300:]}")
+        log, data = None, None
+    return ctx.finish(row, record, log, data, feedback)
+
+
+def verify_study(ctx: StudyContext, command: str, top: int | None = None, numbers: list[int] | None = None,
+                 timeout: float | None = None, again: bool = False, feedback: bool = True,
+                 log_name: str = LOG_NAME, say=None) -> list[tuple[results.Row, dict[str, Any]]]:
+    rows = results.rows(ctx.study)
+    chosen = choose(rows, ctx.mode, top, numbers)
+    if not chosen:
+        raise TunerError(f"study {ctx.study.study_name!r} has no feasible completed trial to verify yet")
+    done = []
+    for i, row in enumerate(chosen, 1):
+        old = real_record(ctx.study, row.number)
+        if old and old.get("status") == "ok" and not again and not numbers:
+            if say:
+                say(f"[{i}/{len(chosen)}] trial {row.number}: verified before ({old.get('when')}); --again to rerun")
+            done.append((row, old))
+            continue
+        if say:
+            say(f"[{i}/{len(chosen)}] trial {row.number}: running the command")
+        rec = verify_trial(ctx, row, command, timeout, log_name, feedback)
+        if say:
+            say(f"[{i}/{len(chosen)}] trial {row.number}: {rec['status']}"
+                + (f" ({rec['error']})" if rec.get("error") else ""))
+        done.append((row, rec))
+    return done
+
+
+def attach_log(ctx: StudyContext, number: int, log: HbLog, feedback: bool = True) -> dict[str, Any]:
+    """``tuner import-log LOG --study S --trial N``: a log from a run made by hand, stored like verify's."""
+    by_number = {r.number: r for r in results.rows(ctx.study)}
+    if number not in by_number:
+        raise TunerError(f"trial {number} is not a completed trial of study {ctx.study.study_name!r}")
+    record = {"status": "ok", "when": _now(), "imported": log.path}
+    return ctx.finish(by_number[number], record, log, None, feedback)
+
+
+# --------------------------------------------------------------------------- presenting
+
+
+def results_table(done: list[tuple[results.Row, dict[str, Any]]]) -> str:
+    from tuner.report.text import table
+
+    def f(v, d=6, sign=False):
+        return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")
+
+    rows = []
+    for row, rec in done:
+        s = (rec.get("comparison") or {}).get("summary", {})
+        gap = None if rec.get("accuracy") is None else rec["accuracy"] - row.accuracy
+        rows.append([str(row.number), rec.get("status", "?"), f(row.accuracy), f(rec.get("accuracy")), f(gap, sign=True),
+                     f(s.get("output_cosine_gap"), sign=True), f(s.get("spearman"), 3),
+                     str(len(s.get("int16_refused") or [])) if s else "--",
+                     f(rec.get("seconds"), 1), (rec.get("error") or "")[:80]])
+    return table(["trial", "status", "simulated", "real", "real - sim", "output cos gap", "Spearman", "int16 refused",
+                  "seconds", "problem"], rows)
+
+
+def real_summary(study: optuna.Study) -> str | None:
+    """``tuner status``'s section on verified trials; None when nothing was verified."""
+    recs = real_records(study)
+    if not recs:
+        return None
+    by_number = {r.number: r for r in results.rows(study)}
+    done = [(by_number[n], rec) for n, rec in recs.items() if n in by_number]
+    ok = sum(1 for _, r in done if r.get("status") == "ok")
+    return (f"Verified with the real toolchain ({ok} of {len(done)} ok; 'real' is comparable with the objective "
+            f"where the log or the command's JSON gave it):\n" + results_table(done))
+
+
+def best_real(study: optuna.Study, mode: str, min_accuracy: float | None) -> tuple[results.Row, dict] | None:
+    """The trial to export by its real figure (same rule as :func:`tuner.study.results.best`)."""
+    recs = real_records(study)
+    by_number = {r.number: r for r in results.rows(study)}
+    cands = [(by_number[n], rec) for n, rec in recs.items()
+             if n in by_number and rec.get("status") == "ok" and rec.get("accuracy") is not None]
+    if min_accuracy is not None:
+        cands = [(r, rec) for r, rec in cands if rec["accuracy"] >= min_accuracy]
+    if not cands:
+        return None
+    if mode == "latency" or (mode == "pareto" and min_accuracy is not None):
+        return min(cands, key=lambda c: (c[1].get("latency_ms") or c[0].latency_ms, -c[1]["accuracy"], c[0].number))
+    return max(cands, key=lambda c: (c[1]["accuracy"], -(c[1].get("latency_ms") or c[0].latency_ms), -c[0].number))
