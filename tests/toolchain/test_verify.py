@@ -126,3 +126,29 @@ def test_import_log_attaches_a_hand_made_run_to_a_trial(study_dir):
     assert comparison_for_trial(study, number).output_cosine_gap < 0
     r = cli("import-log", run_dir / "hb_mapper_makertbin.log", "--study", "tiny", cwd=root)
     assert r.returncode == 2 and "--trial" in r.stderr
+
+
+def test_the_report_shows_real_next_to_simulated(study_dir):
+    """After verification, report.html has the gap per verified trial, the side-by-side node
+    table and the real points on the Pareto plot."""
+    import html
+    import re
+
+    root, _ = study_dir
+    study, paths = open_existing("tiny", None, root / "results")
+    recs = {n: r for n, r in real_records(study).items() if r.get("comparison")}
+    if not recs:   # this test also runs alone (-k): verify two trials first
+        cmd = f"{sys.executable} {FAKE} makertbin --config {{yaml}} --model-type onnx"
+        assert cli("verify", "tiny", "--top", "2", "--command", cmd, cwd=root).returncode == 0
+        study, paths = open_existing("tiny", None, root / "results")
+        recs = {n: r for n, r in real_records(study).items() if r.get("comparison")}
+    r = cli("report", "tiny", cwd=root)
+    assert r.returncode == 0, r.stderr
+    page = paths.report.read_text(encoding="utf-8")
+    assert "Simulation vs the real toolchain" in page and "real toolchain (tuner verify)" in page
+    for number in recs:
+        comp = comparison_for_trial(study, number)
+        assert f"trial {number}: per-node comparison" in page
+        assert f"{comp.output_cosine_gap:+.6f}" in page and comp.output_cosine_gap < 0
+        assert html.escape(comp.node_table().splitlines()[0]) in page
+    assert len(re.findall(r'class="plotly-graph-div"', page)) == 5

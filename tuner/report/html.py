@@ -90,7 +90,8 @@ def _is_baseline(r: results.Row) -> bool:
     return bool(r.plan) and r.plan.startswith("baseline")
 
 
-def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy: float | None):
+def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy: float | None,
+                  real: dict[int, dict[str, Any]] | None = None):
     """Accuracy vs modeled latency. For cosine-like metrics (all <= 1) the y axis is 1 - accuracy
     on a log scale: the all-int8 baselines sit at 0.6 and the front at 0.9999, and on a linear
     axis the front is a flat line."""
@@ -127,6 +128,22 @@ def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy:
     if best is not None:
         fig.add_trace(scatter([best], mode="markers", name=f"exported (trial {best.number})",
                               marker=dict(size=18, symbol="star", color="#f4a259", line=dict(width=1, color="#222"))))
+    verified = [(r, real[r.number]) for r in rs if real and isinstance((real.get(r.number) or {}).get("accuracy"),
+                                                                         (int, float))]
+    if verified:
+        xs, ys = [], []
+        for r, rec in verified:      # a segment from the simulated point to the real one
+            xs += [r.latency_ms, rec.get("latency_ms") or r.latency_ms, None]
+            ys += [y(r.accuracy), y(float(rec["accuracy"])), None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#3b8b5a", dash="dot"),
+                                 hoverinfo="skip", showlegend=False))
+        fig.add_trace(go.Scatter(
+            x=[rec.get("latency_ms") or r.latency_ms for r, rec in verified], y=[y(float(rec["accuracy"]))
+                                                                             for r, rec in verified],
+            mode="markers", name="real toolchain (tuner verify)",
+            marker=dict(size=11, symbol="circle-open", color="#3b8b5a", line=dict(width=2)),
+            hovertext=[f"trial {r.number}: real {float(rec['accuracy']):.6f} ({html.escape(str(rec.get('accuracy_source')))})"
+                       f"<br>simulated {r.accuracy:.6f}" for r, rec in verified], hoverinfo="text"))
     if min_accuracy is not None:
         fig.add_hline(y=y(float(min_accuracy)), line_dash="dot", line_color="#d1495b",
                       annotation_text=f"min_accuracy {min_accuracy}", annotation_position="top right")
@@ -234,6 +251,34 @@ def node_info_rows(record: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def verification_html(real: dict[int, dict[str, Any]]) -> str:
+    """A table of verified trials, then each attached log's side-by-side comparison."""
+    from tuner.toolchain.compare import Comparison
+
+    def f(v: Any, digits: int = 6, sign: bool = False) -> str:
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            return "--"
+        return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
+
+    rows, details = [], []
+    for number, rec in real.items():
+        cmp = Comparison.from_dict(rec["comparison"]) if rec.get("comparison") else None
+        summ = cmp.as_dict()["summary"] if cmp else {}
+        acc, sim = rec.get("accuracy"), rec.get("sim_accuracy")
+        rows.append([str(number), str(rec.get("status", "?")), f(sim), f(acc),
+                     f(acc - sim, sign=True) if isinstance(acc, (int, float)) and isinstance(sim, (int, float)) else "--",
+                     f(summ.get("output_cosine_gap"), sign=True), f(summ.get("spearman"), 3),
+                     str(len(summ.get("int16_refused") or [])) if cmp else "--",
+                     str(len(summ.get("placement_differs") or [])) if cmp else "--",
+                     str(rec.get("error") or "")[:120]])
+        if cmp is not None:
+            details.append(f"<details><summary>trial {number}: per-node comparison</summary>"
+                           f"<pre>{html.escape(cmp.text())}</pre></details>")
+    return _table(["trial", "status", "simulated acc", "real acc", "real - sim", "output cosine gap",
+                   "rank corr. (nodes)", "int16 refused", "placement differs", "error"], rows,
+                  {2, 3, 4, 5, 6, 7, 8}) + "".join(details)
+
+
 def _fig_html(fig, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True})
@@ -253,6 +298,9 @@ def render(inp: ReportInputs) -> str:
     n_fail = sum(s == optuna.trial.TrialState.FAIL for s in states)
     sections: list[str] = []
     notes = list(inp.notes)
+    from tuner.toolchain.records import real_records
+
+    real = real_records(inp.study)
 
     def section(title: str, body: str, why: str = "") -> None:
         sections.append(f"<section><h2>{html.escape(title)}</h2>"
@@ -280,7 +328,7 @@ def render(inp: ReportInputs) -> str:
             + "</div>")
 
     if rs:
-        section("Pareto front", plot(pareto_figure, "pareto", rs, best, min_acc),
+        section("Pareto front", plot(pareto_figure, "pareto", rs, best, min_acc, real),
                 "Every completed trial; the red diamonds are hb_mapper's defaults (all nodes BPU int8), the star "
                 "is the trial best.yaml holds.")
         table_rows, hi = [], None
@@ -319,6 +367,10 @@ def render(inp: ReportInputs) -> str:
         section(f"Chosen configuration (trial {best.number})", body)
     if inp.best_yaml is not None:
         section("Exported YAML (best.yaml)", f"<pre>{html.escape(inp.best_yaml)}</pre>")
+    if real:
+        section("Simulation vs the real toolchain", verification_html(real),
+                "Trials checked with 'tuner verify' or an imported hb_mapper log: the real figures next to the "
+                "simulated ones, and per node where a log was attached.")
     for title, body in inp.extra_sections:
         section(title, body)
 
