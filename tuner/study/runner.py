@@ -426,21 +426,25 @@ class Search:
 
     def write_report(self, study: optuna.Study, force: bool = False, every: float = 30.0,
                      extra_notes: list[str] | None = None) -> Path | None:
-        """Rewrite ``report.html`` (at most every ``every`` seconds unless ``force``). A report
-        that fails to draw is a warning, never the end of an overnight search."""
+        """Rewrite ``report.html`` (at most every ``every`` seconds, or ten times as long as the
+        last one took, unless ``force``). A report that fails to draw is a warning, never the end
+        of an overnight search."""
         from tuner.report.html import ReportInputs, write_report
 
         now = time.monotonic()
-        if not force and self._report_at is not None and now - self._report_at < every:
+        if not force and self._report_at is not None and now < self._report_at:
             return None
-        self._report_at = now
+        self._report_at = now + every
         try:
             rs = results.rows(study)
             inp = ReportInputs(study=study, info=study_info(study), storage=self._where(),
                                sensitivity=self.sensitivity, traces=self.traces(rs) if rs else [],
                                best_yaml=self.paths.best.read_text(encoding="utf-8") if self.paths.best.is_file()
                                else None, notes=list(extra_notes or []))
-            return write_report(self.paths.report, inp)
+            out = write_report(self.paths.report, inp)
+            # On a big model the per-node traces take seconds: keep the report under ~10% of the search.
+            self._report_at = max(self._report_at, now + 10 * (time.monotonic() - now))
+            return out
         except TunerError:
             raise
         except Exception as exc:
