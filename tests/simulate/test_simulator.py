@@ -172,3 +172,26 @@ def test_external_weights_give_the_same_outputs_and_leave_the_graph(tmp_path):
         b = make_session(inline).run(None, sample)
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+def test_evaluations_read_the_data_files_only_at_set_up(tmp_path, monkeypatch):
+    """Samples stay in memory after the float pass; beyond the budget they stream from disk, same result."""
+    import tuner.simulate.simulator as simulator_module
+    from tuner.inputs.data import DataSet
+    from tuner.simulate import Simulator
+
+    ws = Workspace.open(write_tiny_project(tmp_path / "d"))
+    reads = []
+    real = DataSet._read
+    monkeypatch.setattr(DataSet, "_read", lambda self, spec, path: reads.append(path) or real(self, spec, path))
+    cand = Candidate.make(Calibration("max"), {"/res/Add": {"ON": "CPU"}})
+    cached = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, ws.threads)
+    assert len(reads) == len(ws.eval_data)
+    a = cached.evaluate(cand, per_node=True)
+    assert len(reads) == len(ws.eval_data)
+    monkeypatch.setattr(simulator_module, "SAMPLE_CACHE_BYTES", 0)
+    streamed = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, ws.threads)
+    b = streamed.evaluate(cand, per_node=True)
+    assert len(reads) == 4 * len(ws.eval_data)  # set-up, the quantized pass and the per-node float pass
+    assert a.outputs == b.outputs
+    assert [r.cosine for r in a.nodes] == [r.cosine for r in b.nodes]
