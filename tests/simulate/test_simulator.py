@@ -195,3 +195,28 @@ def test_evaluations_read_the_data_files_only_at_set_up(tmp_path, monkeypatch):
     assert len(reads) == 4 * len(ws.eval_data)  # set-up, the quantized pass and the per-node float pass
     assert a.outputs == b.outputs
     assert [r.cosine for r in a.nodes] == [r.cosine for r in b.nodes]
+
+
+def test_zero_points_are_shared_and_change_no_output_bit(ws):
+    """One all-zero zero-point tensor per (dtype, shape): the outputs equal those of private copies."""
+    from tuner.simulate.qdq import build_sim_model
+
+    cand = Candidate.make(Calibration("max"), {"/gate/Mul": {"InputType": "int16"}})
+    sim = ws.simulator
+    shared = build_sim_model(ws.model.proto, sim.graph, ws.target, sim.plan(cand), sim.scales(cand.calibration),
+                             sim.weights)
+    quant = [n for n in shared.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    zps = {n.input[2] for n in quant}
+    assert len(quant) > 2 * len(zps) and {"__zp0_int8_", "__zp0_int16_"} <= zps
+    private = onnx.ModelProto()
+    private.CopyFrom(shared)
+    inits = {t.name: t for t in private.graph.initializer}
+    for k, node in enumerate(n for n in private.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")):
+        own = onnx.TensorProto()
+        own.CopyFrom(inits[node.input[2]])
+        own.name = f"own_zp_{k}"
+        private.graph.initializer.append(own)
+        node.input[2] = own.name
+    sample = next(iter(ws.eval_data))
+    for a, b in zip(make_session(shared).run(None, sample), make_session(private).run(None, sample)):
+        np.testing.assert_array_equal(a, b)
