@@ -121,6 +121,7 @@ class Simulator:
                     samples = None
         if samples is not None:
             self.data = samples
+        self._ref_sq = [{o: Similarity.square_sum(v) for o, v in ref.items()} for ref in self.reference]
         self.float_seconds = time.perf_counter() - t0
 
     # -- calibration -------------------------------------------------------------------
@@ -208,10 +209,9 @@ class Simulator:
         for i, outs in enumerate(run_samples(session, sim_names, self.data, self.threads)):
             values = dict(zip(sim_names, outs))
             for o in outputs:
-                q = values[o]
-                if not np.isfinite(q).all():
+                sims[o].update(self.reference[i][o], values[o], self._ref_sq[i][o])
+                if not sims[o].finite:
                     raise FloatingPointError(f"the simulated model produced non-finite values at output {o!r}")
-                sims[o].update(self.reference[i][o], q)
             if task is not None:
                 task.update(self.reference[i], {o: values[o] for o in outputs},
                             self.labels.sample(i) if self.labels is not None else None)
