@@ -220,3 +220,17 @@ def test_zero_points_are_shared_and_change_no_output_bit(ws):
     sample = next(iter(ws.eval_data))
     for a, b in zip(make_session(shared).run(None, sample), make_session(private).run(None, sample)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_build_memo_shared_across_candidates_gives_the_same_graphs(ws):
+    """Reused Q/DQ and bias protos: every build equals a build from scratch, whatever was built before."""
+    from tuner.simulate.qdq import build_sim_model
+
+    sim, memo = ws.simulator, {}
+    cands = [Candidate.make(Calibration("max")), Candidate.make(Calibration("max", 0.9999)),
+             Candidate.make(Calibration("max", per_channel=True), {"/gate/Mul": {"InputType": "int16"}}),
+             Candidate.make(Calibration("max"), {"/res/Add": {"ON": "CPU"}})]
+    for cand in cands + cands:
+        args = (ws.model.proto, sim.graph, ws.target, sim.plan(cand), sim.scales(cand.calibration), sim.weights)
+        assert build_sim_model(*args, memo=memo).SerializeToString() == build_sim_model(*args).SerializeToString()
+    assert any(k[0] == "bias" for k in memo)

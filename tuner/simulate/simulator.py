@@ -92,6 +92,7 @@ class Simulator:
         self.graph = Graph(model.proto)
         self.weights = WeightCache()
         self.external = ExternalWeights()
+        self._build_memo: dict = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
         self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
         self._session_cache = session_cache
         self._default_choice: dict[tuple, Calibration] = {}
@@ -184,7 +185,7 @@ class Simulator:
             self._sessions.move_to_end(key)
             return self._sessions[key]
         proto = build_sim_model(self.model.proto, self.graph, self.target, plan, self.scales(calibration),
-                                self.weights, extra_outputs=extra, external=self.external)
+                                self.weights, extra_outputs=extra, external=self.external, memo=self._build_memo)
         session = make_session(proto, external=self.external)
         self.session_builds += 1
         self._sessions[key] = session
