@@ -25,8 +25,10 @@ For each model:
 * ratios evaluate / float pass [<= 1.3] and naive / evaluate [>= 10];
 * where an evaluation's time goes: thresholds, plan + Q/DQ graph, session creation, run, scoring.
 
-Times are the median of ``--repeat`` runs (fresh simulator each run, so every evaluation stays a
-first one); the machine's other load shows up in them, so compare ratios, not absolute times.
+Times are the median of ``--repeat`` runs (at least 3; fresh simulator each run, so every evaluation stays a
+first one, and each run times a float pass just before its evaluations); the machine's other load
+shows up in them, so compare ratios, not absolute times. ``cpu e/f`` is evaluate / float pass in
+process CPU time, which a busy shared machine distorts much less than wall time.
 """
 
 from __future__ import annotations
@@ -178,27 +180,37 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
         session = make_session(ws.model.proto)
         list(run_samples(session, names, data, threads))
 
-    float_s = _median_time(float_pass, max(3, repeat))
     session = make_session(ws.model.proto)
     float_run = _median_time(lambda: list(run_samples(session, names, data, threads)), max(3, repeat))
 
     cands, (cpu_node, int16_node) = candidates(ws)
     # Fresh simulators: every evaluation below is the first one of its candidate (and of its method).
+    # Each run also times a float pass just before its evaluations, in wall and in CPU time
+    # (process_time: all threads), so a load change on the shared machine hits both sides.
     evaluate_s = {name: [] for name, _ in cands}
+    evaluate_cpu = {name: [] for name, _ in cands}
+    float_wall, float_cpu = [], []
     results = {}
     setup_s = []
     builds = []
-    for _ in range(repeat):
+    for _ in range(max(3, repeat)):
+        c0, t0 = time.process_time(), time.perf_counter()
+        float_pass()
+        float_wall.append(time.perf_counter() - t0)
+        float_cpu.append(time.process_time() - c0)
         t0 = time.perf_counter()
         simulator = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads)
         setup_s.append(time.perf_counter() - t0)
         before = simulator.session_builds
         for name, cand in cands:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             results[name] = simulator.evaluate(cand)
             evaluate_s[name].append(time.perf_counter() - t0)
+            evaluate_cpu[name].append(time.process_time() - c0)
         builds.append(simulator.session_builds - before)
     evaluate_med = {k: statistics.median(v) for k, v in evaluate_s.items()}
+    cpu_ratio = {k: statistics.median(v) / statistics.median(float_cpu) for k, v in evaluate_cpu.items()}
+    float_s = statistics.median(float_wall)
 
     naive_s, naive_full_s = {}, {}
     n_cal = len(ws.calibration_data)
@@ -228,20 +240,21 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
           f"simulator set-up {statistics.median(setup_s):.3f} s; sessions built per 5 candidates: {builds[0]}")
     print(f"candidate 5 = node {cpu_node!r} on CPU + node {int16_node!r} OutputType int16")
     header = (f"{'candidate':<34}{'evaluate':>10}{'eval/float':>12}{'naive':>10}{'naive/eval':>12}"
-              f"{'naive-all':>11}{'/eval':>8}{'cosine':>9}")
+              f"{'naive-all':>11}{'/eval':>8}{'cosine':>9}{'cpu e/f':>9}")
     print(header + "\n" + "-" * len(header))
     for name, _ in cands:
         e, n, nf = evaluate_med[name], naive_s[name], naive_full_s[name]
         print(f"{name:<34}{e:>9.3f}s{e / float_s:>11.2f}x{n:>9.2f}s{n / e:>11.1f}x{nf:>10.2f}s{nf / e:>7.1f}x"
-              f"{results[name].mean_cosine:>9.4f}")
+              f"{results[name].mean_cosine:>9.4f}{cpu_ratio[name]:>8.2f}x")
     med_e = statistics.median(evaluate_med.values())
     med_n = statistics.median(naive_s.values())
     med_nf = statistics.median(naive_full_s.values())
     print(f"{'median':<34}{med_e:>9.3f}s{med_e / float_s:>11.2f}x{med_n:>9.2f}s{med_n / med_e:>11.1f}x"
-          f"{med_nf:>10.2f}s{med_nf / med_e:>7.1f}x")
+          f"{med_nf:>10.2f}s{med_nf / med_e:>7.1f}x{'':>9}{statistics.median(cpu_ratio.values()):>8.2f}x")
     print("targets: eval/float <= 1.3, naive/eval >= 10. naive = ort_quantize (quantize_static calibrating on its "
           f"default 2 samples) + new session + evaluation; naive-all calibrates on all {n_cal} samples, as a "
-          "per-trial quantize_static would")
+          "per-trial quantize_static would; cpu e/f = the same ratio in process CPU time (steadier than wall "
+          "time when other processes share the cores)")
 
     print("\nwhere a first evaluation's time goes (s):")
     cols = ("thresholds", "plan+graph", "session", "run", "score")

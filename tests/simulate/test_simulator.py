@@ -172,3 +172,65 @@ def test_external_weights_give_the_same_outputs_and_leave_the_graph(tmp_path):
         b = make_session(inline).run(None, sample)
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+def test_evaluations_read_the_data_files_only_at_set_up(tmp_path, monkeypatch):
+    """Samples stay in memory after the float pass; beyond the budget they stream from disk, same result."""
+    import tuner.simulate.simulator as simulator_module
+    from tuner.inputs.data import DataSet
+    from tuner.simulate import Simulator
+
+    ws = Workspace.open(write_tiny_project(tmp_path / "d"))
+    reads = []
+    real = DataSet._read
+    monkeypatch.setattr(DataSet, "_read", lambda self, spec, path: reads.append(path) or real(self, spec, path))
+    cand = Candidate.make(Calibration("max"), {"/res/Add": {"ON": "CPU"}})
+    cached = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, ws.threads)
+    assert len(reads) == len(ws.eval_data)
+    a = cached.evaluate(cand, per_node=True)
+    assert len(reads) == len(ws.eval_data)
+    monkeypatch.setattr(simulator_module, "SAMPLE_CACHE_BYTES", 0)
+    streamed = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, ws.threads)
+    b = streamed.evaluate(cand, per_node=True)
+    assert len(reads) == 4 * len(ws.eval_data)  # set-up, the quantized pass and the per-node float pass
+    assert a.outputs == b.outputs
+    assert [r.cosine for r in a.nodes] == [r.cosine for r in b.nodes]
+
+
+def test_zero_points_are_shared_and_change_no_output_bit(ws):
+    """One all-zero zero-point tensor per (dtype, shape): the outputs equal those of private copies."""
+    from tuner.simulate.qdq import build_sim_model
+
+    cand = Candidate.make(Calibration("max"), {"/gate/Mul": {"InputType": "int16"}})
+    sim = ws.simulator
+    shared = build_sim_model(ws.model.proto, sim.graph, ws.target, sim.plan(cand), sim.scales(cand.calibration),
+                             sim.weights)
+    quant = [n for n in shared.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    zps = {n.input[2] for n in quant}
+    assert len(quant) > 2 * len(zps) and {"__zp0_int8_", "__zp0_int16_"} <= zps
+    private = onnx.ModelProto()
+    private.CopyFrom(shared)
+    inits = {t.name: t for t in private.graph.initializer}
+    for k, node in enumerate(n for n in private.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")):
+        own = onnx.TensorProto()
+        own.CopyFrom(inits[node.input[2]])
+        own.name = f"own_zp_{k}"
+        private.graph.initializer.append(own)
+        node.input[2] = own.name
+    sample = next(iter(ws.eval_data))
+    for a, b in zip(make_session(shared).run(None, sample), make_session(private).run(None, sample)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_build_memo_shared_across_candidates_gives_the_same_graphs(ws):
+    """Reused Q/DQ and bias protos: every build equals a build from scratch, whatever was built before."""
+    from tuner.simulate.qdq import build_sim_model
+
+    sim, memo = ws.simulator, {}
+    cands = [Candidate.make(Calibration("max")), Candidate.make(Calibration("max", 0.9999)),
+             Candidate.make(Calibration("max", per_channel=True), {"/gate/Mul": {"InputType": "int16"}}),
+             Candidate.make(Calibration("max"), {"/res/Add": {"ON": "CPU"}})]
+    for cand in cands + cands:
+        args = (ws.model.proto, sim.graph, ws.target, sim.plan(cand), sim.scales(cand.calibration), sim.weights)
+        assert build_sim_model(*args, memo=memo).SerializeToString() == build_sim_model(*args).SerializeToString()
+    assert any(k[0] == "bias" for k in memo)
