@@ -234,3 +234,41 @@ def test_a_build_memo_shared_across_candidates_gives_the_same_graphs(ws):
         args = (ws.model.proto, sim.graph, ws.target, sim.plan(cand), sim.scales(cand.calibration), sim.weights)
         assert build_sim_model(*args, memo=memo).SerializeToString() == build_sim_model(*args).SerializeToString()
     assert any(k[0] == "bias" for k in memo)
+
+
+def test_the_int32_bias_uses_the_scale_its_input_is_quantized_with(tmp_path):
+    """A Conv after AveragePool (a same-scale op): its input Q/DQ carries the pool's input scale,
+    so the bias grid must be that scale times the weight scales, not the pool output's own."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from helpers import hb_yaml
+    from tuner.simulate.qdq import build_sim_model
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3, "w")
+    b = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32) * 0.7, "b")
+    nodes = [helper.make_node("AveragePool", ["x"], ["p"], name="/pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w", "b"], ["y"], name="/conv", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    (tmp_path / "cal").mkdir()
+    for i in range(4):
+        (rng.standard_normal((1, 4, 8, 8)) * (i + 1)).astype(np.float32).tofile(tmp_path / "cal" / f"{i}.bin")
+    (tmp_path / "c.yaml").write_text(hb_yaml("m.onnx", "x", "1x4x8x8", prefix="m"))
+    w_ = Workspace.open(tmp_path / "c.yaml")
+    sim = w_.simulator
+    cand = Candidate.make(Calibration("max"))
+    plan = sim.plan(cand)
+    assert plan.scale_of.get("p") == "x"                        # the pool keeps its input's scale
+    proto = build_sim_model(w_.model.proto, sim.graph, w_.target, plan, sim.scales(cand.calibration), sim.weights)
+    conv = next(n for n in proto.graph.node if n.name == "/conv")
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    dq = next(n for n in proto.graph.node if n.output[0] == conv.input[0])
+    s_in = float(inits[dq.input[1]])
+    assert s_in == pytest.approx(float(sim.scales(cand.calibration).get("x", "int8").scale))
+    w_scales = sim.weights.scales(sim.graph.initializers["w"], 0)
+    steps = inits[conv.input[2]].astype(np.float64) / (s_in * w_scales)
+    np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)

@@ -214,7 +214,8 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             bias_name = n.inputs[2] if len(n.inputs) > 2 and n.op_type in BIAS_OPS else ""
             source = plan.edges.get((n.name, 0)) or plan.passthrough.get((n.name, 0))
             if target.quantize_bias and bias_name in graph.initializers and source is not None:
-                s_in = scales.get(*source)
+                # The scale the input's Q/DQ actually uses (a same-scale op upstream lends its own).
+                s_in = scales.get(plan.scale_of.get(source[0], source[0]), source[1])
                 if s_in.axis is None and s_in.zero_point.dtype != np.uint8:
                     bias_key = ("bias", bias_name, n.name, w_init.name, w_axis, float(s_in.scale))
                     if bias_key not in memo:
