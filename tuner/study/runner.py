@@ -695,7 +695,8 @@ def _surplus(trial: optuna.Trial, budget: int) -> bool:
     return True
 
 
-def _may_start(search: Search, study: optuna.Study, n_trials: int, poll: float = 0.5) -> bool:
+def _may_start(search: Search, study: optuna.Study, n_trials: int, deadline: float | None = None,
+               poll: float = 0.5) -> bool:
     """Wait until a trial may start: True when the completed and running trials leave room in the
     budget, False once the study holds ``n_trials`` completed ones (or a stop was asked for).
 
@@ -705,7 +706,7 @@ def _may_start(search: Search, study: optuna.Study, n_trials: int, poll: float =
 
     from tuner.study.orphans import stale_enabled
 
-    while not STOP.is_set():
+    while not STOP.is_set() and (deadline is None or time.monotonic() < deadline):
         ts = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
         complete = sum(t.state == TrialState.COMPLETE for t in ts)
         if complete >= n_trials:
@@ -734,7 +735,7 @@ def optimize_until(search: Search, study: optuna.Study, n_trials: int, timeout: 
     deadline = None if timeout is None else time.monotonic() + timeout
     callbacks = [*callbacks, _reaper(search)]
     while not should_stop() and (deadline is None or time.monotonic() < deadline):
-        if not _may_start(search, study, n_trials):
+        if not _may_start(search, study, n_trials, deadline):
             break
         study.optimize(search.objective, n_trials=1, catch=(Exception,), callbacks=callbacks, gc_after_trial=False)
 
