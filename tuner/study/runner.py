@@ -566,10 +566,27 @@ def join_study(name: str, storage: str | None, space: str | Path | None = None, 
     if not space_path.is_file():
         raise TunerError(f"the study's space file {space_path} is not on this machine; pass --space PATH to this "
                          "machine's copy (with the model, data and base YAML beside it as on the first machine)")
+    _check_files_early(name, space_path, info.get("fingerprints", {}))
     search = Search.open(space_path, name, storage, results_dir, threads, quiet=quiet,
                          sensitivity=study.user_attrs.get(SENSITIVITY_ATTR))
     search.heartbeat, search.max_retry = heartbeat, max_retry
     return search
+
+
+def _check_files_early(name: str, space_path: Path, stored: dict[str, str]) -> None:
+    """The model and base YAML are compared before the workspace is built (calibration
+    statistics of a big model take minutes); data and the resolved space are checked after."""
+    from tuner.inputs.config import load_config
+
+    space = load_space(space_path)
+    files = {"base_config": ("base YAML", space.base)}
+    files["model"] = ("model", load_config(space.base).onnx_model)
+    for key, (what, path) in files.items():
+        have = file_fingerprint(path) if path is not None and path.is_file() else "missing"
+        if key in stored and have != stored[key]:
+            raise TunerError(f"cannot join study {name!r}: {what} {path} (sha256 {have[:12]}) is not the study's "
+                             f"{what} (sha256 {stored[key][:12]}); copy the study's files to this machine (same "
+                             "model, data, base YAML and space), or point --space at the right space file")
 
 
 def duration(text: Any) -> float | None:
