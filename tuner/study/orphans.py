@@ -21,6 +21,7 @@ trial (same parameters), at most ``max_retry`` times per original trial (its
 from __future__ import annotations
 
 import copy
+import datetime
 import inspect
 import os
 import socket
@@ -76,18 +77,37 @@ def rdb_heartbeat_kwargs(heartbeat: float | None, grace_factor: int, max_retry: 
 
 
 def worker_identity() -> dict[str, Any]:
-    """What a trial records about the process running it (``worker`` user attribute)."""
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    """What a trial records about the process running it (``worker`` user attribute): host,
+    pid, and (Linux) the process's start time, so a reused pid is not taken for the worker."""
+    ident: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    started = _proc_stat(os.getpid())[1]
+    if started is not None:
+        ident["started"] = started
+    return ident
 
 
-def alive(pid: int) -> bool:
+def _proc_stat(pid: int) -> tuple[str | None, int | None]:
+    """(state, start time in clock ticks since boot) from /proc/PID/stat, or Nones (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
+def alive(pid: int, started: int | None = None) -> bool:
+    """Whether process ``pid`` runs (not a zombie; given its start time, the same process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    state, start = _proc_stat(pid)
+    if state in ("Z", "X"):
+        return False
+    return started is None or start is None or start == started
 
 
 def reap(study: optuna.Study, max_retry: int = 1, pids: Iterable[int] | None = None) -> list[int]:
@@ -106,7 +126,7 @@ def reap(study: optuna.Study, max_retry: int = 1, pids: Iterable[int] | None = N
         pid = w.get("pid")
         if w.get("host") != host or not isinstance(pid, int):
             continue
-        if (pid not in known) if known is not None else alive(pid):
+        if (pid not in known) if known is not None else alive(pid, w.get("started")):
             continue
         try:
             if not study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
@@ -119,6 +139,16 @@ def reap(study: optuna.Study, max_retry: int = 1, pids: Iterable[int] | None = N
     return failed
 
 
+def unverifiable(trial: FrozenTrial, settle: float = 60.0) -> bool:
+    """A RUNNING trial whose death :func:`reap` could not notice: its worker is on another host,
+    or it has recorded no worker ``settle`` seconds after it started."""
+    w = trial.user_attrs.get("worker")
+    if w:
+        return w.get("host") != socket.gethostname()
+    started = trial.datetime_start
+    return started is not None and (datetime.datetime.now() - started).total_seconds() > settle
+
+
 def stale_enabled(study: optuna.Study) -> bool:
     """Whether the study's storage runs Optuna's heartbeat (then pid checks are not needed)."""
     from optuna.storages._heartbeat import is_heartbeat_enabled
@@ -127,4 +157,4 @@ def stale_enabled(study: optuna.Study) -> bool:
 
 
 __all__ = ["RetryOrphan", "alive", "rdb_heartbeat_kwargs", "reap", "retry_callback", "stale_enabled",
-           "worker_identity"]
+           "unverifiable", "worker_identity"]

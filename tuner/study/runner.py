@@ -718,10 +718,12 @@ def _may_start(search: Search, study: optuna.Study, n_trials: int, deadline: flo
     budget, False once the study holds ``n_trials`` completed ones (or a stop was asked for).
 
     While others' trials fill the budget this worker waits rather than starts one more: one of
-    them may fail (or be orphaned, which this loop detects), and then a trial is still needed."""
+    them may fail (or be orphaned, which this loop detects), and then a trial is still needed.
+    A running trial whose worker cannot be checked from here (a journal storage, another host)
+    is not waited for: this worker leaves the remaining slots to it."""
     from optuna.storages import fail_stale_trials
 
-    from tuner.study.orphans import stale_enabled
+    from tuner.study.orphans import stale_enabled, unverifiable
 
     while not STOP.is_set() and (deadline is None or time.monotonic() < deadline):
         ts = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
@@ -730,8 +732,11 @@ def _may_start(search: Search, study: optuna.Study, n_trials: int, deadline: flo
             return False
         if len(ts) < n_trials:
             return True
+        heartbeat = stale_enabled(study)
+        if not heartbeat and any(unverifiable(t) for t in ts if t.state == TrialState.RUNNING):
+            return False
         time.sleep(poll)
-        if stale_enabled(study):
+        if heartbeat:
             import warnings
 
             with warnings.catch_warnings():
@@ -826,7 +831,11 @@ def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: fl
         dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid not in reaped]
         if dead:
             reaped.update(dead)
-            orphans.extend(search.clean_zombies(study, pids=dead))
+            search.clean_zombies(study, pids=dead)
+            # the dead workers' trials, failed here or already by a surviving worker
+            for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+                if (t.user_attrs.get("worker") or {}).get("pid") in dead and "error" not in t.user_attrs:
+                    orphans.append(t.number)
 
     try:
         seen = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
