@@ -9,9 +9,9 @@ RUNNING. Two detectors feed one retry rule:
   them to ``heartbeat_stale_trial_callback``. Works across machines.
 * journal files: Optuna 5.0's ``JournalStorage`` implements no heartbeat (it is not a
   ``BaseHeartbeat``), and a journal file is one machine's storage, so a trial is an orphan when
-  the process recorded in its ``worker`` attribute (same host) no longer exists. Checked before
-  every trial by each worker, and at once by ``tuner search --jobs`` when one of its children
-  dies.
+  the process recorded in its ``worker`` attribute (same host; same start time, so a reused
+  pid does not count) no longer runs. Checked by each worker between trials and while it waits
+  for room in the budget, and at once by ``tuner search --jobs`` when one of its children dies.
 
 Either way the retry is Optuna's ``RetryHeartbeatStaleTrialCallback``: a WAITING copy of the
 trial (same parameters), at most ``max_retry`` times per original trial (its
