@@ -76,6 +76,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not _data_ok(args.space):
         return 2
     search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
+    search.heartbeat, search.max_retry = args.heartbeat, args.max_retry
     st = search.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
     timeout = duration(args.timeout) if args.timeout is not None else duration(st["timeout"])
@@ -89,14 +90,43 @@ def cmd_search(args: argparse.Namespace) -> int:
     # Ctrl-C and SIGTERM (schedulers) from here on: finish the running trial, keep the storage
     # consistent, print the summary; a second Ctrl-C aborts the trial.
     install_stop_handlers(lambda text: print(f"tuner: {text}", file=sys.stderr, flush=True))
-    study, info = run(search, n_trials, timeout, args.jobs, seed, retry_failed=args.retry_failed)
+    study, info = run(search, n_trials, timeout, args.jobs, seed)
     if info["zombies"]:
-        print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}")
+        print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
+              + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
     _print_summary(study, search.paths, search.mode, search.space.objectives["min_accuracy"])
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
         return 1
     if info["interrupted"]:
+        print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import os
+    import signal
+
+    from optuna.trial import TrialState
+
+    from tuner.study.runner import STOP, duration, install_stop_handlers, join_study, redact, work
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    search = join_study(args.study, args.storage, args.space, args.results_dir, args.threads, args.heartbeat,
+                        args.max_retry)
+    study = search.study(None, create=False)
+    st = search.space.study
+    n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
+    timeout = duration(args.timeout) if args.timeout is not None else duration(st["timeout"])
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    print(f"worker {os.getpid()} joined study {search.name} ({done} of {n_trials} trials completed); storage "
+          f"{redact(args.storage) if args.storage else search.paths.journal}", flush=True)
+    install_stop_handlers(lambda text: print(f"tuner: {text}", file=sys.stderr, flush=True))
+    work(search, study, n_trials, timeout)
+    search.write_results(study, force=True)
+    _print_summary(study, search.paths, search.mode, search.space.objectives["min_accuracy"])
+    if STOP.is_set():
         print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
         return 130
     return 0
@@ -375,6 +405,14 @@ def _simulation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+def _worker_args(p: argparse.ArgumentParser) -> None:
+    """How workers survive each other's death."""
+    p.add_argument("--max-retry", type=int, default=1, help="times a trial left running by a killed worker is "
+                                                            "re-run (default 1; 0: never)")
+    p.add_argument("--heartbeat", type=float, help="database storages: seconds between a worker's heartbeats; a "
+                                                   "trial silent for 3 heartbeats is failed (default 20)")
+
+
 def _preprocess_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
                                         "(default: read and resize the images as the YAML's input parameters say)")
@@ -460,9 +498,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", help="Optuna storage URL (default: a journal file in results/<study>/)")
     p.add_argument("--seed", type=int, help="sampler seed (default: study.seed in the space)")
     p.add_argument("--threads", type=int, help="evaluation threads per worker (default: all cores)")
-    p.add_argument("--retry-failed", action="store_true", help="re-run trials a killed process left unfinished")
+    _worker_args(p)
     p.add_argument("--results-dir", default="results", help="where study folders go (default: results)")
     p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("worker", help="join an existing study as one more worker (another machine, same files)",
+                       description="Run trials of an existing study, e.g. on another machine sharing a PostgreSQL "
+                                   "storage. This machine's model, data, base YAML and space must be the study's "
+                                   "(their sha256 are checked; a mismatch is refused).")
+    p.add_argument("study", help="study name")
+    p.add_argument("--storage", help="the study's storage URL, e.g. postgresql://user:password@host/db (default: "
+                                     "results/<study>/study.journal)")
+    p.add_argument("--space", help="this machine's copy of the space file (default: the path the study recorded)")
+    p.add_argument("--n-trials", type=int, help="stop when the study holds this many completed trials "
+                                                "(default: the space's study.n_trials)")
+    p.add_argument("--timeout", help="stop after this long (seconds, or 30m, 8h)")
+    p.add_argument("--threads", type=int, help="evaluation threads (default: all cores)")
+    _worker_args(p)
+    p.add_argument("--results-dir", default="results", help="where this machine writes best.yaml, pareto/ "
+                                                            "(default: results)")
+    p.set_defaults(func=cmd_worker)
 
     for name, func, helptext in (("status", cmd_status, "trials, best and Pareto front of a study"),
                                  ("export", cmd_export, "write a trial's hb_mapper YAML (default: the best)")):

@@ -193,20 +193,6 @@ def test_status_and_export_of_unknown_study(tmp_path):
     assert r.returncode == 2 and "no study 'nothing'" in r.stderr
 
 
-def test_two_worker_processes_share_one_study(tmp_path):
-    space = write_tiny_space(tmp_path)
-    r = cli("search", space, "--n-trials", 10, "--jobs", 2, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    trials = load(tmp_path / "results", "tiny").get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert 10 <= len(complete) <= 11   # a worker may finish the trial it started as the budget was reached
-    assert len({t.number for t in trials}) == len(trials)
-    pids = {t.user_attrs["worker"]["pid"] for t in complete}
-    assert len(pids) == 2
-    status = cli("status", "tiny", cwd=tmp_path)
-    assert status.returncode == 0 and "Pareto front" in status.stdout
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, sig):
     cfg = write_example_project(tmp_path / "ex", n_cal=8, n_eval=16)

@@ -39,6 +39,7 @@ from tuner.study.space import ResolvedSpace, SearchSpace, load_space, parse_dura
 from tuner.workspace import Workspace
 
 STUDY_ATTR = "tuner"
+SENSITIVITY_ATTR = "tuner_sensitivity"  # the node ranking the space was resolved with (workers reuse it)
 FINGERPRINTS = ("model", "data", "base_config", "space")
 
 
@@ -71,17 +72,35 @@ class StudyPaths:
         return self.root / "report.html"
 
 
-def make_storage(url: str | None, paths: StudyPaths):
+#: Seconds between a worker's heartbeats in a database storage; a RUNNING trial whose worker
+#: has been silent for GRACE_FACTOR heartbeats is failed (and retried) by the next worker to ask.
+HEARTBEAT_S = 20
+GRACE_FACTOR = 3
+
+
+def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = HEARTBEAT_S, max_retry: int = 1):
     """Default: an Optuna journal file in the study folder (multi-process safe, cheap writes);
-    else any Optuna storage URL (sqlite:///..., postgresql://...) or a journal file path."""
+    else any Optuna storage URL (sqlite:///..., postgresql://...) or a journal file path.
+
+    Database storages get Optuna's heartbeat: a worker killed with ``kill -9`` or a machine
+    lost mid-trial leaves a trial whose heartbeat stops, and the next worker to start a trial
+    marks it failed and re-queues it (``max_retry`` times). Journal files have no heartbeat in
+    Optuna; their orphans are found by process id instead (:mod:`tuner.study.orphans`)."""
     if url is None:
         paths.root.mkdir(parents=True, exist_ok=True)
         return journal_storage(paths.journal)
     if "://" in url:
+        from tuner.study.orphans import rdb_heartbeat_kwargs
+
+        kwargs = rdb_heartbeat_kwargs(heartbeat, GRACE_FACTOR, max_retry)
+        engine = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
         try:
-            return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
+            return RDBStorage(url, engine_kwargs=engine, **kwargs)
         except Exception as exc:  # bad URL, missing driver, unreachable server
-            raise TunerError(f"--storage: cannot open {redact(url)}: {type(exc).__name__}: {exc}") from None
+            hint = ("; install the driver: pip install 'tuner[postgres]'"
+                    if isinstance(exc, ImportError) and url.startswith("postgres") else "")
+            raise TunerError(f"--storage: cannot open {redact(url)}: {type(exc).__name__}: "
+                             f"{_redact_text(str(exc), url)}{hint}") from None
     path = Path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
     return journal_storage(path)
@@ -110,14 +129,15 @@ def redact(url: str) -> str:
     return url
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _redact_text(text: str, url: str) -> str:
+    """``text`` (a driver's error message) with the URL's password replaced."""
+    if "://" in url and "@" in url:
+        creds = url.split("://", 1)[1].rsplit("@", 1)[0]
+        if ":" in creds:
+            password = creds.split(":", 1)[1]
+            if password:
+                text = text.replace(password, "***")
+    return text.replace(url, redact(url))
 
 
 @dataclass
@@ -130,7 +150,11 @@ class Search:
     name: str
     storage_url: str | None
     sensitivity: dict[str, float] = field(default_factory=dict)
+    heartbeat: float | None = None  # database storages: seconds between heartbeats (None: HEARTBEAT_S)
+    max_retry: int = 1              # times a trial orphaned by a dead worker is re-queued
+    budget: int | None = None       # completed trials the study should end with (set by optimize_until)
     _done: dict[str, tuple[int, list[float], dict]] = field(default_factory=dict)
+    _seen: set[int] = field(default_factory=set)
     _last_written: tuple | None = None
     _last_front: list[tuple[float, float]] = field(default_factory=list)
     _last_best: results.Row | None = None
@@ -147,7 +171,9 @@ class Search:
     # ---------------------------------------------------------------- set-up
     @classmethod
     def open(cls, space_path: str | Path, name: str | None = None, storage: str | None = None,
-             results_dir: str | Path = "results", threads: int | None = None, quiet: bool = False) -> "Search":
+             results_dir: str | Path = "results", threads: int | None = None, quiet: bool = False,
+             sensitivity: dict[str, float] | None = None) -> "Search":
+        """``sensitivity``: the study's stored ranking (a worker joining it), instead of computing one."""
         from tuner.workspace import progress_printer
 
         space = load_space(space_path)
@@ -158,9 +184,10 @@ class Search:
         ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
         base = ws.base_candidate()
         cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
-        sensitivity: dict[str, float] = {}
-        if space.nodes["top_k"] is not None or space.study["warm_start"]:
-            sensitivity = node_sensitivity(space, ws, paths, quiet)
+        if sensitivity is None:
+            sensitivity = {}
+            if space.nodes["top_k"] is not None or space.study["warm_start"]:
+                sensitivity = node_sensitivity(space, ws, paths, quiet)
         resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
         return cls(space=space, ws=ws, resolved=resolved, cost=cost, paths=paths, name=name, storage_url=storage,
                    sensitivity=sensitivity)
@@ -190,7 +217,8 @@ class Search:
                                           n_startup_trials=max(10, len(self.warm_start_plans())))
 
     def study(self, seed: int | None = None, create: bool = True) -> optuna.Study:
-        storage = make_storage(self.storage_url, self.paths)
+        storage = make_storage(self.storage_url, self.paths, HEARTBEAT_S if self.heartbeat is None else self.heartbeat,
+                               self.max_retry)
         attrs = {"version": __version__, "name": self.name, "mode": self.mode,
                  "objectives": self.space.objectives, "space_path": str(self.space.path.resolve()),
                  "base_path": str(self.space.base), "march": self.ws.target.march,
@@ -203,11 +231,19 @@ class Search:
             study = optuna.create_study(study_name=self.name, storage=storage, directions=self.directions(),
                                         sampler=self.sampler(seed))
             study.set_user_attr(STUDY_ATTR, attrs)
+            study.set_user_attr(SENSITIVITY_ATTR, self.sensitivity)
             return study
         stored = study.user_attrs.get(STUDY_ATTR)
         if not stored:
             raise TunerError(f"study {self.name!r} in {self._where()} was not made by tuner; use another --study name")
         changed = [k for k in FINGERPRINTS if stored["fingerprints"].get(k) != attrs["fingerprints"][k]]
+        if changed and not create:
+            # A worker joining a study: say which of this machine's files differ.
+            detail = "; ".join(f"{self._input_path(k)} (sha256 {attrs['fingerprints'][k][:12]}) is not the study's "
+                               f"{k.replace('_', ' ')} (sha256 {str(stored['fingerprints'].get(k, '?'))[:12]})"
+                               for k in changed)
+            raise TunerError(f"cannot join study {self.name!r}: {detail}; copy the study's files to this machine "
+                             "(same model, data, base YAML and space), or point --space at the right space file")
         if changed:
             detail = ", ".join(f"{k} {stored['fingerprints'].get(k, '?')[:12]} -> {attrs['fingerprints'][k][:12]}"
                                for k in changed)
@@ -223,6 +259,16 @@ class Search:
             # budget. Seed from (seed, trials so far) instead: reproducible, never a replay.
             study.sampler = self.sampler(_resume_seed(seed, n))
         return study
+
+    def _input_path(self, key: str) -> str:
+        """The local file(s) behind a fingerprint, for messages."""
+        if key == "model":
+            return f"model {self.ws.model.path}"
+        if key == "data":
+            return "calibration data " + ", ".join(str(i.folder) for i in self.ws.calibration_data.inputs)
+        if key == "base_config":
+            return f"base YAML {self.space.base}"
+        return f"search space {self.space.path} (as resolved on this model)"
 
     def _where(self) -> str:
         return redact(self.storage_url) if self.storage_url else str(self.paths.journal)
@@ -284,24 +330,11 @@ class Search:
         return len(plans)
 
     # ---------------------------------------------------------------- trials
-    def clean_zombies(self, study: optuna.Study, retry: bool = False, stale_after: float | None = None) -> list[int]:
-        """RUNNING trials whose worker is gone (dead process on this host, or silent too long) -> FAIL."""
-        host = socket.gethostname()
-        failed = []
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            w = t.user_attrs.get("worker") or {}
-            dead = w.get("host") == host and isinstance(w.get("pid"), int) and not _alive(w["pid"])
-            stale = (stale_after is not None and t.datetime_start is not None
-                     and time.time() - t.datetime_start.timestamp() > stale_after)
-            if dead or stale:
-                try:
-                    study.tell(t.number, state=TrialState.FAIL)
-                except Exception:
-                    continue
-                failed.append(t.number)
-                if retry and t.params:
-                    study.enqueue_trial(t.params, user_attrs={"plan": f"retry of trial {t.number}"})
-        return failed
+    def clean_zombies(self, study: optuna.Study, retry: bool = True, pids=None) -> list[int]:
+        """RUNNING trials whose worker process on this host is gone -> FAIL (re-queued ``max_retry`` times)."""
+        from tuner.study.orphans import reap
+
+        return reap(study, self.max_retry if retry else 0, pids)
 
     def fail_own_running(self, study: optuna.Study) -> None:
         """After an abort: this process's trials still RUNNING become FAIL (storage consistent)."""
@@ -315,23 +348,41 @@ class Search:
                     pass
 
     def load_done(self, study: optuna.Study) -> None:
+        """Index the completed trials not indexed yet by candidate key (incremental: other
+        workers' trials arrive between calls; the storage is read, not re-simulated)."""
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.number in self._seen:
+                continue
+            self._seen.add(t.number)
             rec = t.user_attrs.get(results.RECORD)
             if rec and t.values is not None and "duplicate_of" not in rec:
                 self._done.setdefault(rec["key"], (t.number, list(t.values), rec))
 
+    def lookup(self, study: optuna.Study, key: str) -> tuple[int, list[float], dict] | None:
+        """The stored result of a candidate already evaluated, by this worker or any other."""
+        if key not in self._done:
+            self.load_done(study)
+        return self._done.get(key)
+
     def objective(self, trial: optuna.Trial) -> list[float] | float:
+        from tuner.study.orphans import worker_identity
+
+        # First: who runs this trial (a trial of a dead process is an orphan, see orphans.py).
+        trial.set_user_attr("worker", worker_identity())
+        if self.budget is not None and _surplus(trial, self.budget):
+            raise optuna.TrialPruned("the budget was reached by other workers' trials")
         r = self.resolved
         params = {d.param: trial.suggest_categorical(d.param, list(d.choices)) for d in r.decisions}
         for name, values in r.calibration_params.items():
             params[name] = trial.suggest_categorical(name, values)
-        trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": os.getpid()})
         cand = r.candidate(params)
         key = cand.key()
         obj = self.space.objectives
-        if key in self._done:
-            # The same configuration was already simulated: answer from the stored result.
-            number, values, source = self._done[key]
+        hit = self.lookup(trial.study, key)
+        if hit is not None:
+            # The same configuration was already simulated (here or by another worker):
+            # answer from the stored result.
+            number, values, source = hit
             self._constrain(trial, source["accuracy"], source["latency"]["total_ms"])
             trial.set_user_attr(results.RECORD, dict(source, duplicate_of=number))
             return values if len(values) > 1 else values[0]
@@ -353,6 +404,7 @@ class Search:
         self._constrain(trial, acc, lat.total_ms)
         values = {"pareto": [acc, lat.total_ms], "accuracy": [acc], "latency": [lat.total_ms]}[self.mode]
         self._done[key] = (trial.number, values, record)
+        self._seen.add(trial.number)
         return values if len(values) > 1 else values[0]
 
     def _constrain(self, trial: optuna.Trial, acc: float, lat_ms: float) -> None:
@@ -558,15 +610,62 @@ def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path
     return study, paths
 
 
+def join_study(name: str, storage: str | None, space: str | Path | None = None, results_dir: str | Path = "results",
+               threads: int | None = None, heartbeat: float | None = None, max_retry: int = 1,
+               quiet: bool = True) -> Search:
+    """A worker's view of an existing study, made from this machine's files.
+
+    The space file is the one given, else the path the study recorded (the same machine, or
+    the same layout). Its model, data, base YAML and resolved space are fingerprinted here and
+    compared with the study's: a worker with other inputs would add results of another problem."""
+    paths = StudyPaths(Path(results_dir) / name)
+    if storage is None and not paths.journal.exists():
+        raise TunerError(f"no study {name!r}: {paths.journal} does not exist; pass --storage URL (the study's "
+                         "database) or --results-dir")
+    stor = make_storage(storage, paths, heartbeat=None)
+    try:
+        study = optuna.load_study(study_name=name, storage=stor)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
+        raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; it has "
+                         f"{', '.join(names) or 'none'} (start it with 'tuner search SPACE --storage URL')") from None
+    info = study_info(study)
+    space_path = Path(space) if space is not None else Path(info["space_path"])
+    if not space_path.is_file():
+        raise TunerError(f"the study's space file {space_path} is not on this machine; pass --space PATH to this "
+                         "machine's copy (with the model, data and base YAML beside it as on the first machine)")
+    _check_files_early(name, space_path, info.get("fingerprints", {}))
+    search = Search.open(space_path, name, storage, results_dir, threads, quiet=quiet,
+                         sensitivity=study.user_attrs.get(SENSITIVITY_ATTR))
+    search.heartbeat, search.max_retry = heartbeat, max_retry
+    return search
+
+
+def _check_files_early(name: str, space_path: Path, stored: dict[str, str]) -> None:
+    """The model and base YAML are compared before the workspace is built (calibration
+    statistics of a big model take minutes); data and the resolved space are checked after."""
+    from tuner.inputs.config import load_config
+
+    space = load_space(space_path)
+    files = {"base_config": ("base YAML", space.base)}
+    files["model"] = ("model", load_config(space.base).onnx_model)
+    for key, (what, path) in files.items():
+        have = file_fingerprint(path) if path is not None and path.is_file() else "missing"
+        if key in stored and have != stored[key]:
+            raise TunerError(f"cannot join study {name!r}: {what} {path} (sha256 {have[:12]}) is not the study's "
+                             f"{what} (sha256 {stored[key][:12]}); copy the study's files to this machine (same "
+                             "model, data, base YAML and space), or point --space at the right space file")
+
+
 def duration(text: Any) -> float | None:
     return parse_duration(text, "--timeout")
 
 
 def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: int | None,
-        retry_failed: bool = False, progress: bool = True) -> tuple[optuna.Study, dict[str, Any]]:
+        progress: bool = True) -> tuple[optuna.Study, dict[str, Any]]:
     """Create or resume the study and optimise until it holds ``n_trials`` completed trials."""
     study = search.study(seed)
-    zombies = search.clean_zombies(study, retry=retry_failed)
+    zombies = _reap_dead(search, study)
     enqueued = search.enqueue_warm_start(study)
     search.load_done(study)
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
@@ -595,19 +694,12 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
                 info["stopped"] = f"20 trials in a row failed (last: {trial.user_attrs.get('error', '?')})"
                 st.stop()
 
-    stop = optuna.study.MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,))
-
-    def on_stop_request(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if STOP.is_set():
-            st.stop()
-
     try:
         if n_trials > done:
             if jobs <= 1:
-                study.optimize(search.objective, n_trials=None, timeout=timeout, catch=(Exception,),
-                               callbacks=[stop, on_trial, on_stop_request], gc_after_trial=False)
+                optimize_until(search, study, n_trials, timeout, [on_trial], lambda: "stopped" in info)
             else:
-                _run_workers(search, study, n_trials, timeout, jobs, seed, bar)
+                info["zombies"] += _run_workers(search, study, n_trials, timeout, jobs, seed, bar)
     except KeyboardInterrupt:
         info["interrupted"] = True
     except Exception:
@@ -667,54 +759,160 @@ def _progress(total: int, done: int, timeout: float | None):
                 disable=not sys.stderr.isatty(), desc="trials")
 
 
-def _worker(spec: dict[str, Any]) -> None:
-    install_stop_handlers()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    search = None
+def _reap_dead(search: Search, study: optuna.Study) -> list[int]:
+    """Orphans of dead processes on this host, for storages without Optuna's heartbeat (journal
+    files). A database storage with heartbeats is left to them: another machine may share this
+    host name, and its live workers' process ids mean nothing here."""
+    from tuner.study.orphans import stale_enabled
+
+    return [] if stale_enabled(study) else search.clean_zombies(study)
+
+
+def _surplus(trial: optuna.Trial, budget: int) -> bool:
+    """Whether this just-started trial is one too many: the completed trials and the running
+    ones started before it (lower numbers) already fill the budget. Two workers that passed
+    the budget gate at the same moment both start a trial; the later-numbered one gives way."""
+    ts = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+    n = sum(t.state == TrialState.COMPLETE or t.number < trial.number for t in ts)
+    if n < budget:
+        return False
+    fixed = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("fixed_params")
+    if fixed:  # an enqueued trial (warm start, retry): put it back for when a slot frees up
+        trial.study.enqueue_trial(fixed, user_attrs={k: v for k, v in trial.user_attrs.items() if k != "worker"})
+    return True
+
+
+def _may_start(search: Search, study: optuna.Study, n_trials: int, deadline: float | None = None,
+               poll: float = 0.5) -> bool:
+    """Wait until a trial may start: True when the completed and running trials leave room in the
+    budget, False once the study holds ``n_trials`` completed ones (or a stop was asked for).
+
+    While others' trials fill the budget this worker waits rather than starts one more: one of
+    them may fail (or be orphaned, which this loop detects), and then a trial is still needed.
+    A running trial whose worker cannot be checked from here (a journal storage, another host)
+    is not waited for: this worker leaves the remaining slots to it."""
+    from optuna.storages import fail_stale_trials
+
+    from tuner.study.orphans import stale_enabled, unverifiable
+
+    while not STOP.is_set() and (deadline is None or time.monotonic() < deadline):
+        ts = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        complete = sum(t.state == TrialState.COMPLETE for t in ts)
+        if complete >= n_trials:
+            return False
+        if len(ts) < n_trials:
+            return True
+        heartbeat = stale_enabled(study)
+        if not heartbeat and any(unverifiable(t) for t in ts if t.state == TrialState.RUNNING):
+            return False
+        time.sleep(poll)
+        if heartbeat:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fail_stale_trials(study)
+        else:
+            _reap_dead(search, study)
+    return False
+
+
+def optimize_until(search: Search, study: optuna.Study, n_trials: int, timeout: float | None,
+                   callbacks: list, should_stop=lambda: False) -> None:
+    """Run trials until the study holds exactly ``n_trials`` completed ones, with any number of
+    workers (processes, machines) doing the same: each trial starts only when the budget has
+    room (``_may_start``), and a trial started in a race for the last slot gives way
+    (``_surplus``). Optuna's MaxTrialsCallback alone lets every worker finish one more."""
+    search.budget = n_trials
+    deadline = None if timeout is None else time.monotonic() + timeout
+    callbacks = [*callbacks, _reaper(search)]
+    while not should_stop() and (deadline is None or time.monotonic() < deadline):
+        if not _may_start(search, study, n_trials, deadline):
+            break
+        study.optimize(search.objective, n_trials=1, catch=(Exception,), callbacks=callbacks, gc_after_trial=False)
+
+
+def _reaper(search: Search):
+    """An Optuna callback: after each trial, fail (and re-queue) the trials of dead workers."""
+    def callback(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        _reap_dead(search, st)
+
+    return callback
+
+
+def work(search: Search, study: optuna.Study, n_trials: int, timeout: float | None) -> None:
+    """One worker's loop on a shared study, until it holds ``n_trials`` completed trials."""
+    search.load_done(study)
+    _reap_dead(search, study)
+
+    def after(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
+        if t.state == TrialState.COMPLETE:
+            search.write_results(st, trial=t)
+
     try:
-        search = Search.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
-                             quiet=True)
-        study = search.study(spec["seed"], create=False)
-        search.load_done(study)
-        stop = optuna.study.MaxTrialsCallback(spec["n_trials"], states=(TrialState.COMPLETE,))
-
-        def after(st: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
-            if t.state == TrialState.COMPLETE:
-                search.write_results(st, trial=t)
-            if STOP.is_set():
-                st.stop()
-
-        study.optimize(search.objective, n_trials=None, timeout=spec["timeout"], catch=(Exception,),
-                       callbacks=[stop, after])
+        optimize_until(search, study, n_trials, timeout, [after])
     except KeyboardInterrupt:
         pass
     except Exception:
         if not STOP.is_set():
             raise
-    if STOP.is_set() and search is not None:
+    if STOP.is_set():
         search.fail_own_running(study)
 
 
+def _worker(spec: dict[str, Any]) -> None:
+    install_stop_handlers()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        search = Search.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
+                             quiet=True)
+        search.heartbeat, search.max_retry = spec["heartbeat"], spec["max_retry"]
+        study = search.study(spec["seed"], create=False)
+    except KeyboardInterrupt:
+        return
+    work(search, study, spec["n_trials"], spec["timeout"])
+
+
 def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: float | None, jobs: int,
-                 seed: int | None, bar) -> None:
-    """``jobs`` worker processes on one study (processes, not threads: the simulator is CPU-bound)."""
+                 seed: int | None, bar) -> list[int]:
+    """``jobs`` worker processes on one study (processes, not threads: the simulator is CPU-bound).
+
+    Each worker gets cores // jobs onnxruntime threads, so the workers together do not
+    oversubscribe the machine. A worker that dies (``kill -9``, out of memory) has its running
+    trial failed and re-queued at once; returns those trial numbers."""
     import multiprocessing as mp
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = search.ws.threads or max(1, cores // jobs)
     ctx = mp.get_context("spawn")
     procs = []
     for i in range(jobs):
         spec = {"space": str(search.space.path), "name": search.name, "storage": search.storage_url,
-                "results_dir": str(search.paths.root.parent), "threads": max(1, cores // jobs),
-                "seed": None if seed is None else seed + i, "n_trials": n_trials, "timeout": timeout}
+                "results_dir": str(search.paths.root.parent), "threads": threads,
+                "seed": None if seed is None else seed + i, "n_trials": n_trials, "timeout": timeout,
+                "heartbeat": search.heartbeat, "max_retry": search.max_retry}
         p = ctx.Process(target=_worker, args=(spec,), daemon=False)
         p.start()
         procs.append(p)
+    orphans: list[int] = []
+    reaped: set[int] = set()
+
+    def reap_children() -> None:
+        dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid not in reaped]
+        if dead:
+            reaped.update(dead)
+            search.clean_zombies(study, pids=dead)
+            # the dead workers' trials, failed here or already by a surviving worker
+            for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+                if (t.user_attrs.get("worker") or {}).get("pid") in dead and "error" not in t.user_attrs:
+                    orphans.append(t.number)
+
     try:
         seen = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         forwarded = False
         while any(p.is_alive() for p in procs):
             time.sleep(0.5)
+            reap_children()
             if STOP.is_set() and not forwarded:
                 forwarded = True
                 for p in procs:
@@ -735,6 +933,8 @@ def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: fl
         raise
     for p in procs:
         p.join()
+    reap_children()
+    return orphans
 
 
-__all__ = ["Search", "StudyPaths", "export_trial", "open_existing", "redact", "run", "study_info"]
+__all__ = ["Search", "StudyPaths", "export_trial", "open_existing", "redact", "run", "study_info", "work"]
