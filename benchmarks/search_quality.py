@@ -341,7 +341,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     ref_ms = 1.1 * max(s.latency_ms for s in scores)
     hv_all = hypervolume([Point(i, a, t, False) for i, (a, t) in enumerate(front)], floor, ref_ms)
     lines.append(f"Exhaustive optimum (cheapest candidate meeting the goal): {opt.latency_ms:.3f} ms, "
-                 f"{metric} {opt.accuracy:.6f}" + (f", {task_name} {opt.task[task_name]:.4f}" if task_name else "")
+                 f"{metric} {opt.accuracy:.7f}" + (f", {task_name} {opt.task[task_name]:.4f}" if task_name else "")
                  + f"; {describe_candidate(resolved, dict(zip([d.param for d in resolved.decisions], opt_combo)))}"
                  f" ({n_opt} candidate(s) at that latency). The feasible Pareto front has {len(front)} points.")
     # tuner and random on the same space with the floor as the study's constraint
@@ -383,7 +383,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     lines += ["", "The exhaustive front (goal met) and the trial at which each method first evaluated each point:", "",
               f"| latency ms | {metric} | tuner | random |", "|---|---|---|---|"]
     for acc, lat in front:
-        lines.append(f"| {lat:.3f} | {acc:.6f} | " + " | ".join(
+        lines.append(f"| {lat:.3f} | {acc:.7f} | " + " | ".join(
             str(first_at[m].get((acc, lat), "-")) for m in ("tuner (TPE + warm start)", "random search")) + " |")
     lines += ["", f"Uniform random sampling needs {len(grid) / n_opt:.0f} trials on average to draw the optimum "
               f"({len(grid)} / {n_opt}). Front points and hypervolume: the goal-meeting points, accuracy above the "
