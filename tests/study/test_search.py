@@ -54,6 +54,24 @@ def test_search_beats_the_all_int8_baseline_and_writes_results(tmp_path):
     assert {"accuracy", "latency", "counts", "candidate", "outputs", "key"} <= set(rec)
 
 
+def test_manual_warm_start_plans_use_the_most_accurate_baseline_calibration(tmp_path):
+    """The base YAML says max per-tensor (all int8: cosine ~0.998 on the tiny model), per-channel
+    gives ~0.9995: int16 on a few nodes under the base's calibration cannot catch up, so the
+    manual plans take the best baseline's calibration, as a user (and Horizon's recipe) would."""
+    search = Search.open(write_tiny_space(tmp_path), results_dir=tmp_path / "results", quiet=True)
+    n_plans = len(search.warm_start_plans())
+    study, info = run(search, n_trials=n_plans, timeout=None, jobs=1, seed=3, progress=False)
+    rs = rows(study)
+    baselines = [r for r in rs if r.plan and r.plan.startswith("baseline:")]
+    manual = [r for r in rs if r.plan and r.plan.startswith("manual:")]
+    assert info["enqueued"] == n_plans and manual and baselines
+    best_baseline = max(baselines, key=lambda r: r.accuracy)
+    assert all(study.trials[r.number].params["per_channel"] == best_baseline.record["calibration"]["requested"]
+               .endswith("per_channel") for r in manual)
+    assert max(r.accuracy for r in manual) >= best_baseline.accuracy - 1e-4
+    assert max(r.accuracy for r in manual) > max(r.accuracy for r in baselines if "per_channel" not in r.plan)
+
+
 def test_same_seed_same_trial_sequence(tmp_path):
     def sequence(folder):
         search = Search.open(write_tiny_space(folder), results_dir=folder / "results", quiet=True)

@@ -45,7 +45,7 @@ class Goal:
         return all((task or {}).get(k, -math.inf) >= v for k, v in self.task_floors)
 
     def describe(self) -> str:
-        parts = [f"{self.metric} >= {self.min_accuracy:g}"] + [f"{k} >= {v:.4f}" for k, v in self.task_floors]
+        parts = [f"{self.metric} >= {self.min_accuracy:.10g}"] + [f"{k} >= {v:.4f}" for k, v in self.task_floors]
         return " and ".join(parts)
 
 
