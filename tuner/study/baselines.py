@@ -136,14 +136,23 @@ def greedy_revert(resolved: ResolvedSpace, scorer: Scorer, goal: Goal, calibrati
     choices: dict[str, str] = {}
     if not _run_steps(resolved, scorer, goal, calibration, result, "all int8", choices):
         ranked = _decision_rank(resolved, lambda d: -max(gains.get(n, 0.0) for n in d.nodes))
-        for dec in ranked:
-            if "CPU" not in dec.choices or dec.default_choice == "CPU":
-                continue
-            choices[dec.param] = "CPU"
-            if _run_steps(resolved, scorer, goal, calibration, result, f"+CPU {dec.param}", choices):
-                break
+        _cpu_one_by_one(resolved, scorer, goal, calibration, result, ranked, choices)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _cpu_one_by_one(resolved: ResolvedSpace, scorer: "Scorer", goal: Goal, calibration: Calibration,
+                    result: "BaselineResult", ranked: list[Decision], choices: dict[str, str]) -> bool:
+    """Both recipes' last resort: move decisions to the CPU in ``ranked`` order, one per step
+    (keeping ``choices`` made so far), until ``goal`` is met. Decisions hb_mapper already puts
+    on the CPU, or that cannot go there, are skipped."""
+    for dec in ranked:
+        if "CPU" not in dec.choices or dec.default_choice == "CPU":
+            continue
+        choices[dec.param] = "CPU"
+        if _run_steps(resolved, scorer, goal, calibration, result, f"+CPU {dec.param}", choices):
+            return True
+    return False
 
 
 def alone_int8(simulator: Simulator, metric: str, calibration: Calibration, nodes: list[str],
@@ -190,12 +199,7 @@ def staged_escalation(resolved: ResolvedSpace, scorer: Scorer, goal: Goal, calib
             done = _run_steps(resolved, scorer, goal, calibration, result, f"int16 below {thr:g} (+{len(new)})",
                               choices)
     if not done:
-        for dec in ranked:
-            if "CPU" not in dec.choices or dec.default_choice == "CPU":
-                continue
-            choices[dec.param] = "CPU"
-            if _run_steps(resolved, scorer, goal, calibration, result, f"+CPU {dec.param}", choices):
-                break
+        _cpu_one_by_one(resolved, scorer, goal, calibration, result, ranked, choices)
     result.seconds = time.perf_counter() - t0
     return result
 
