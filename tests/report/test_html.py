@@ -162,3 +162,15 @@ def test_optuna_dashboard_reads_the_study_as_it_is(finished):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize("mode, extra", [("accuracy", ""), ("latency", "  min_accuracy: 0.99\n")])
+def test_single_objective_studies_draw_every_plot(tmp_path, mode, extra):
+    space = write_tiny_space(tmp_path)
+    space.write_text(space.read_text().replace("  mode: pareto\n", f"  mode: {mode}\n{extra}"))
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
+    assert len(study.directions) == 1
+    page = search.paths.report.read_text(encoding="utf-8")
+    assert plot_ids(page) == ["pareto", "history", "importances", "sensitivity", "trace"]
+    assert 'class="note"' not in page
