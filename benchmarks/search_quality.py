@@ -174,8 +174,7 @@ def task_objective(prep: Prepared) -> None:
     from tuner.study.space import load_space
 
     space = load_space(prep.space)
-    ws = Workspace.open(space.base, data=space.eval_data, limit=space.raw["eval_limit"])
-    ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
+    ws = Workspace.for_space(space)
     ev = ws.simulator.evaluate(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in ws.graph}))
     raw = yaml.safe_load(prep.space.read_text(encoding="utf-8"))
     raw["objectives"]["accuracy"] = prep.labelled_metric

@@ -200,10 +200,8 @@ def _sensitivity_setup(args: argparse.Namespace):
         from tuner.study.space import free_nodes, load_space
 
         space = load_space(args.config)
-        ws = Workspace.open(space.base, data=_data_dirs(args.data) or space.eval_data,
-                            limit=args.limit or space.raw["eval_limit"], march=args.march or space.raw["march"],
-                            threads=args.threads, progress=progress_printer("calibration statistics"))
-        ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
+        ws = Workspace.for_space(space, data=_data_dirs(args.data), limit=args.limit, march=args.march,
+                                 threads=args.threads, progress=progress_printer("calibration statistics"))
         b = ws.base_candidate()
         base = Candidate.make(_reference_calibration(space, b), dict(b.nodes), b.optimization)
         metric = args.metric or space.objectives["accuracy"]

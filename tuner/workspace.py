@@ -61,6 +61,16 @@ class Workspace:
                    stats=stats, stats_from_cache=from_cache, threads=threads, warnings=warnings,
                    thresholds=ThresholdMemo(stats, stats_path.with_suffix(".thresholds.json")))
 
+    @classmethod
+    def for_space(cls, space, data: list[Path] | None = None, limit: int | None = None, march: str | None = None,
+                  threads: int | None = None, progress: Callable[[int, int], None] | None = None) -> "Workspace":
+        """The workspace a search space evaluates in: its base YAML, its ``eval_data``,
+        ``eval_limit`` and ``march`` (each overridable), and its task metrics and labels."""
+        ws = cls.open(space.base, data=data or space.eval_data, limit=limit or space.raw["eval_limit"],
+                      march=march or space.raw["march"], threads=threads, progress=progress)
+        ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
+        return ws
+
     task_metrics: list = field(default_factory=list)
     labels: object = None
 

@@ -180,9 +180,8 @@ class Search:
         space = load_space(space_path)
         name = name or space.name
         paths = StudyPaths(Path(results_dir) / name)
-        ws = Workspace.open(space.base, data=space.eval_data, limit=space.raw["eval_limit"], march=space.raw["march"],
-                            threads=threads, progress=None if quiet else progress_printer("calibration statistics"))
-        ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
+        ws = Workspace.for_space(space, threads=threads,
+                                 progress=None if quiet else progress_printer("calibration statistics"))
         base = ws.base_candidate()
         cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
         if sensitivity is None:

@@ -176,9 +176,7 @@ class StudyContext:
 
             space_path = Path(self.info.get("space_path", ""))
             if space_path.is_file():
-                space = load_space(space_path)
-                self._ws = Workspace.open(space.base, data=space.eval_data, limit=space.raw["eval_limit"],
-                                          march=space.raw["march"], threads=self.threads)
+                self._ws = Workspace.for_space(load_space(space_path), threads=self.threads)
             else:
                 self._ws = Workspace.open(self.info["base_path"], march=self.info.get("march"), threads=self.threads)
         return self._ws
