@@ -324,12 +324,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"warning: {notes[-1]}", file=sys.stderr)
         search = None
     if search is None:
-        from tuner.report.html import ReportInputs, write_report
-        from tuner.study.runner import redact
+        from tuner.study.runner import redact, study_report
 
-        out = write_report(paths.report, ReportInputs(
-            study=study, info=info, storage=redact(args.storage) if args.storage else str(paths.journal),
-            best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None, notes=notes))
+        out = study_report(study, paths, redact(args.storage) if args.storage else str(paths.journal), notes=notes)
     else:
         if not search.sensitivity:
             search.sensitivity = node_sensitivity(search.space, search.ws, paths, quiet=False)

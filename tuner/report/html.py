@@ -22,8 +22,6 @@ import optuna
 from tuner import __version__
 from tuner.study import results
 
-REPORT_NAME = "report.html"
-
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}
 header{background:#1d2430;color:#fff;padding:18px 28px}header h1{margin:0;font-size:22px}
@@ -82,7 +80,6 @@ class ReportInputs:
     traces: list[Trace] = field(default_factory=list)
     best_yaml: str | None = None
     notes: list[str] = field(default_factory=list)
-    extra_sections: list[tuple[str, str]] = field(default_factory=list)   # (title, html)
 
 
 # ------------------------------------------------------------------------------ figures
@@ -371,8 +368,6 @@ def render(inp: ReportInputs) -> str:
         section("Simulation vs the real toolchain", verification_html(real),
                 "Trials checked with 'tuner verify' or an imported hb_mapper log: the real figures next to the "
                 "simulated ones, and per node where a log was attached.")
-    for title, body in inp.extra_sections:
-        section(title, body)
 
     fps = info.get("fingerprints") or {}
     prov = [["study", inp.study.study_name], ["storage", inp.storage], ["march", str(info.get("march", "?"))],
@@ -399,11 +394,4 @@ def write_report(path: Path, inp: ReportInputs) -> Path:
     return path
 
 
-def trace_summary(traces: list[Trace]) -> list[dict[str, Any]]:
-    """JSON-friendly traces (for tests and --json)."""
-    return [{"label": t.label, "trial": t.trial,
-             "nodes": [dict(n, cosine=None if n["cosine"] is None or not math.isfinite(n["cosine"]) else n["cosine"])
-                       for n in t.nodes]} for t in traces]
-
-
-__all__ = ["REPORT_NAME", "ReportInputs", "Trace", "render", "write_report", "trace_summary", "node_info_rows"]
+__all__ = ["ReportInputs", "Trace", "render", "write_report", "node_info_rows"]

@@ -498,24 +498,16 @@ class Search:
             out.append(Trace.from_evaluation(label, number, self._traces[key]))
         return out
 
-    def write_report(self, study: optuna.Study, force: bool = False, every: float = 30.0,
-                     extra_notes: list[str] | None = None) -> Path | None:
+    def write_report(self, study: optuna.Study, force: bool = False, every: float = 30.0) -> Path | None:
         """Rewrite ``report.html`` (at most every ``every`` seconds, or ten times as long as the
         last one took, unless ``force``). A report that fails to draw is a warning, never the end
         of an overnight search."""
-        from tuner.report.html import ReportInputs, write_report
-
         now = time.monotonic()
         if not force and self._report_at is not None and now < self._report_at:
             return None
         self._report_at = now + every
         try:
-            rs = results.rows(study)
-            inp = ReportInputs(study=study, info=study_info(study), storage=self._where(),
-                               sensitivity=self.sensitivity, traces=self.traces(rs) if rs else [],
-                               best_yaml=self.paths.best.read_text(encoding="utf-8") if self.paths.best.is_file()
-                               else None, notes=list(extra_notes or []))
-            out = write_report(self.paths.report, inp)
+            out = study_report(study, self.paths, self._where(), self)
             # On a big model the per-node traces take seconds: keep the report under ~10% of the search.
             self._report_at = max(self._report_at, now + 10 * (time.monotonic() - now))
             return out
@@ -528,6 +520,21 @@ class Search:
     def export(self, row: results.Row, out: Path) -> list[str]:
         return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
                             {"study": self.name, **self.fingerprints()})
+
+
+def study_report(study: optuna.Study, paths: StudyPaths, storage: str, search: Search | None = None,
+                 notes: list[str] | tuple[str, ...] = ()) -> Path:
+    """Write ``paths.report`` from the study. The simulated views (node sensitivity, per-node
+    traces) come from ``search``; without one (model or data gone) they are left out."""
+    from tuner.report.html import ReportInputs, write_report
+
+    rs = results.rows(study)
+    inp = ReportInputs(study=study, info=study_info(study), storage=storage,
+                       sensitivity=search.sensitivity if search is not None else {},
+                       traces=search.traces(rs) if search is not None and rs else [],
+                       best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
+                       notes=list(notes))
+    return write_report(paths.report, inp)
 
 
 def node_sensitivity(space: SearchSpace, ws: Workspace, paths: StudyPaths, quiet: bool = True) -> dict[str, float]:
