@@ -86,6 +86,23 @@ def worker_identity() -> dict[str, Any]:
     return ident
 
 
+def tag_trials(sampler: optuna.samplers.BaseSampler) -> optuna.samplers.BaseSampler:
+    """Make ``sampler`` record the worker on each trial as soon as Optuna creates it.
+
+    Optuna calls ``before_trial`` right after the trial becomes RUNNING and before relative
+    sampling (multivariate TPE can take a while there). Recorded later, in the objective, a
+    worker killed while sampling left a RUNNING trial naming no process, which :func:`reap`
+    could never attribute."""
+    inner = sampler.before_trial
+
+    def before_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+        study._storage.set_trial_user_attr(trial._trial_id, "worker", worker_identity())
+        inner(study, trial)
+
+    sampler.before_trial = before_trial  # type: ignore[method-assign]
+    return sampler
+
+
 def _proc_stat(pid: int) -> tuple[str | None, int | None]:
     """(state, start time in clock ticks since boot) from /proc/PID/stat, or Nones (not Linux)."""
     try:
@@ -157,4 +174,4 @@ def stale_enabled(study: optuna.Study) -> bool:
 
 
 __all__ = ["RetryOrphan", "alive", "rdb_heartbeat_kwargs", "reap", "retry_callback", "stale_enabled",
-           "unverifiable", "worker_identity"]
+           "tag_trials", "unverifiable", "worker_identity"]

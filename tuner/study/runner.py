@@ -205,16 +205,19 @@ class Search:
         return {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"], "latency": ["minimize"]}[self.mode]
 
     def sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
+        """The space's sampler, recording each trial's worker when the trial is created."""
+        from tuner.study.orphans import tag_trials
+
         kind = self.space.study["sampler"]
         if kind == "random":
-            return optuna.samplers.RandomSampler(seed=seed)
+            return tag_trials(optuna.samplers.RandomSampler(seed=seed))
         if kind == "nsga2":
-            return optuna.samplers.NSGAIISampler(seed=seed)
+            return tag_trials(optuna.samplers.NSGAIISampler(seed=seed))
         # Multivariate TPE models interactions between node decisions (the 5.0 multi-objective
         # default is independent TPE, ~8x slower per trial at 200 parameters); constant_liar keeps
         # parallel workers from proposing the same candidate.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                          n_startup_trials=max(10, len(self.warm_start_plans())))
+        return tag_trials(optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                                     n_startup_trials=max(10, len(self.warm_start_plans()))))
 
     def study(self, seed: int | None = None, create: bool = True) -> optuna.Study:
         storage = make_storage(self.storage_url, self.paths, HEARTBEAT_S if self.heartbeat is None else self.heartbeat,
@@ -389,8 +392,10 @@ class Search:
     def objective(self, trial: optuna.Trial) -> list[float] | float:
         from tuner.study.orphans import worker_identity
 
-        # First: who runs this trial (a trial of a dead process is an orphan, see orphans.py).
-        trial.set_user_attr("worker", worker_identity())
+        # Who runs this trial (a trial of a dead process is an orphan, see orphans.py); the
+        # study's sampler already recorded it when the trial was created.
+        if "worker" not in trial.user_attrs:
+            trial.set_user_attr("worker", worker_identity())
         if self.budget is not None and _surplus(trial, self.budget):
             raise optuna.TrialPruned("the budget was reached by other workers' trials")
         r = self.resolved
