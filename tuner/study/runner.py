@@ -161,6 +161,7 @@ class Search:
     _traces: dict[str, Any] = field(default_factory=dict)
     _report_at: float | None = None
     _manual_cal: Calibration | None = None
+    _evaluated: dict[str, Any] = field(default_factory=dict)  # baselines evaluated before their trials ran
 
     def _may_change(self, trial: optuna.trial.FrozenTrial) -> bool:
         rec = trial.user_attrs.get(results.RECORD)
@@ -333,10 +334,13 @@ class Search:
         if self._manual_cal is None:
             r = self.resolved
             best, best_acc = _reference_calibration(self.space, r.base), -math.inf
-            for _, params in self.warm_start_plans():
+            for label, params in self.warm_start_plans():
+                if not label.startswith("baseline"):
+                    continue    # the manual plans are built from this choice, not part of it
                 cand = r.candidate(params)
                 try:
                     ev = self.ws.simulator.evaluate(cand)
+                    self._evaluated[cand.key()] = ev     # its enqueued trial takes it, not a second run
                     acc = accuracy(ev.outputs, self.space.objectives["accuracy"], ev.task)
                 except Exception:  # its trial records the error; it just cannot be the best
                     continue
@@ -414,7 +418,7 @@ class Search:
             trial.set_user_attr(results.RECORD, dict(source, duplicate_of=number))
             return values if len(values) > 1 else values[0]
         try:
-            ev = self.ws.simulator.evaluate(cand)
+            ev = self._evaluated.pop(key, None) or self.ws.simulator.evaluate(cand)
             acc = accuracy(ev.outputs, obj["accuracy"], ev.task)
             if not math.isfinite(acc):
                 raise FloatingPointError(f"accuracy is {acc}")
