@@ -11,10 +11,49 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-# onnxruntime re-quantizes the float weights of nodes fed by a DequantizeLinear
-# ("WeightBiasQuantization"). That would quantize CPU (float) nodes behind a BPU->CPU edge
-# and re-quantize our per-channel weights per tensor, so it stays off.
-DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
+# Graph transformers that rewrite Q/DQ nodes. In a simulated graph every Q/DQ pair is a
+# quantization point of the plan, which none of them may move, merge, fuse or re-type:
+# "WeightBiasQuantization" would quantize the float weights of CPU nodes behind a BPU->CPU
+# edge (and our per-channel weights again, per tensor), "DoubleQDQPairsRemover" would merge
+# two consecutive rounding steps into one, "QDQPropagationTransformer" would move points
+# across data-movement ops. (``session.disable_quant_qdq`` below stops the int8-kernel fusions.)
+# "ConstantSharing" only merges equal small constants (memory, not speed): on a simulated
+# graph, with a scale per quantization point, it costs ~3 ms a session for nothing.
+DISABLED_OPTIMIZERS = ["WeightBiasQuantization", "DoubleQDQPairsRemover", "QDQPropagationTransformer",
+                       "QDQS8ToU8Transformer", "QDQFinalCleanupTransformer", "QDQSelectorActionTransformer",
+                       "EnsureUniqueDQForNodeUnit", "ConstantSharing"]
+
+# Fusions that only rewrite patterns containing one of these op types. Each walks the whole
+# graph at session creation, and a simulated graph has about twice the float model's nodes
+# (860 on PP-OCR's detector), so on a model without any of those ops they are skipped, which
+# changes no value since the patterns are absent. Names onnxruntime does not know are ignored.
+PATTERN_OPS: dict[str, frozenset[str]] = {name: frozenset(ops) for name, ops in {
+    "LayerNormFusion": ("ReduceMean",), "SimplifiedLayerNormFusion": ("ReduceMean",),
+    "SkipLayerNormFusion": ("ReduceMean", "LayerNormalization"),
+    "GeluFusion": ("Erf",), "BiasGeluFusion": ("Erf", "Gelu"), "FastGeluFusion": ("Tanh",),
+    "QuickGeluFusion": ("Sigmoid",), "AttentionFusion": ("Softmax",), "GroupQueryAttentionFusion": ("Softmax",),
+    "EmbedLayerNormFusion": ("Gather",), "BiasSoftmaxFusion": ("Softmax",), "BiasDropoutFusion": ("Dropout",),
+    "MatMulScaleFusion": ("MatMul", "Gemm"), "MatmulTransposeFusion": ("MatMul",), "MatMulAddFusion": ("MatMul",),
+    "MatMulActivationFusion": ("MatMul",), "DynamicQuantizeMatMulFusion": ("MatMul", "MatMulInteger"),
+    "MatMulIntegerToFloatFusion": ("MatMulInteger",), "MatMulNBitsFusion": ("MatMul", "MatMulNBits"),
+    "GemmActivationFusion": ("Gemm",), "ReshapeFusion": ("Reshape",), "GatherSliceToSplitFusion": ("Gather", "Slice"),
+    "NotWhereFusion": ("Not",), "IsInfReduceSumFusion": ("IsInf",), "PadFusion": ("Pad",),
+    "ConcatSliceElimination": ("Slice",), "TransposeOptimizer": ("Transpose",),
+}.items()}
+
+
+def disabled_optimizers(model: onnx.ModelProto | None) -> list[str]:
+    """The transformers a session of ``model`` skips: the Q/DQ ones, and the fusions whose op
+    types the model does not have (all kept when the model has subgraphs, which are not scanned)."""
+    disabled = list(DISABLED_OPTIMIZERS)
+    if model is None:
+        return disabled
+    ops: set[str] = set()
+    for node in model.graph.node:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return disabled
+        ops.add(node.op_type)
+    return disabled + [name for name, needs in PATTERN_OPS.items() if not needs & ops]
 
 
 def default_threads() -> int:
@@ -41,7 +80,7 @@ def make_session(model: onnx.ModelProto | bytes, threads: int | None = 1, extern
             opts.add_external_initializers(names, [external.values[n] for n in names])
     data = model if isinstance(model, bytes) else model.SerializeToString()
     return ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=DISABLED_OPTIMIZERS)
+                                disabled_optimizers=disabled_optimizers(None if isinstance(model, bytes) else model))
 
 
 def with_outputs(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
