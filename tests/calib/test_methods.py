@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.calib.methods import METHODS, asymmetric_range, channel_thresholds, kl_layout, threshold
+from tuner.calib.methods import METHODS, _kl_divergences, asymmetric_range, channel_thresholds, kl_layout, threshold
 from tuner.calib.stats import NBINS, StatsCollector, TensorStats
 
 
@@ -87,7 +87,14 @@ def _smooth(d, eps=1e-4):
 def reference_kl(abs_values: np.ndarray, width: float, nbins: int, candidates, nq: int = 128):
     """MXNet/TensorRT-style entropy calibration with plain loops, on an np.histogram of the raw values."""
     hist, edges = np.histogram(abs_values, bins=nbins, range=(0.0, width * nbins))
-    hist = hist.astype(np.float64)
+    divs = reference_divergences(hist, candidates, nq)
+    best = int(np.argmin(divs))
+    return min(float(edges[candidates[best]]), float(abs_values.max())), divs
+
+
+def reference_divergences(hist: np.ndarray, candidates, nq: int = 128) -> np.ndarray:
+    """KL(P || Q) per candidate bin count, one candidate and one level at a time."""
+    hist = np.asarray(hist, dtype=np.float64)
     divs = []
     for i in candidates:
         p = hist[:i].copy()
@@ -108,8 +115,35 @@ def reference_kl(abs_values: np.ndarray, width: float, nbins: int, candidates, n
             continue
         ps, qs = ps / ps.sum(), qs / qs.sum()
         divs.append(float(np.sum(ps * np.log(ps / qs))))
-    best = int(np.argmin(divs))
-    return min(float(edges[candidates[best]]), float(abs_values.max())), np.array(divs)
+    return np.array(divs)
+
+
+def _histograms():
+    rng = np.random.default_rng(7)
+    dense = np.histogram(np.abs(rng.standard_normal(200_000)), bins=2048)[0]
+    outliers = dense.copy()
+    outliers[-3:] += [1, 0, 2]
+    sparse = np.where(rng.random(2048) < 0.004, rng.integers(1, 50, 2048), 0)  # smoothing shift > 0.01
+    gappy = dense.copy()
+    gappy[300:900] = 0                                       # whole empty levels for many candidates
+    relu = np.zeros(2048, np.int64)
+    relu[0], relu[1:400] = 100_000, rng.integers(0, 30, 399)  # a spike at zero, a thin tail
+    return {"dense": dense, "outliers": outliers, "sparse": sparse, "gappy": gappy, "relu": relu}
+
+
+@pytest.mark.parametrize("name", list(_histograms()))
+def test_kl_divergences_equal_a_loop_over_candidates(name):
+    h = _histograms()[name]
+    candidates = np.arange(2048, 127, -7)[::-1]
+    got = _kl_divergences(h, 128, candidates)
+    ref = reference_divergences(h, candidates)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(ref))
+    assert np.isfinite(ref).any()
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-9, atol=1e-12)
+    # the same pick, or one whose divergence ties the minimum to rounding (the sparse one has
+    # exact ties at 0: with so few nonzero bins Q equals P for many candidates)
+    assert ref[np.argmin(got)] <= ref.min() + 1e-9 * abs(ref.min()) + 1e-12
 
 
 @pytest.mark.parametrize("name", ["gaussian_outliers", "relu"])
