@@ -58,6 +58,11 @@ def test_missing_config(tmp_path):
     bad(tmp_path / "nope.yaml", "no such file")
 
 
+def test_missing_data_folder_names_where_it_came_from(tiny_project, tmp_path):
+    line = bad(tiny_project, "calibration folder not found", "--data", tmp_path / "gone")
+    assert "gone" in line and "--data" in line and "cal_data_dir" in line
+
+
 def test_unknown_key(tiny_project):
     tiny_project.write_text(tiny_project.read_text().replace("  per_channel: False", "  per_chanel: False"))
     bad(tiny_project, "calibration_parameters.per_chanel: unknown key (did you mean 'per_channel'?)")

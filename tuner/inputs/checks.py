@@ -269,7 +269,8 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
         if not data.folder.is_dir():
             findings.append(Finding(ERROR, "missing_folder", data.name, None,
                                     f"{data.folder}: calibration folder not found for input {data.name!r}; check "
-                                    "calibration_parameters.cal_data_dir (relative to the YAML) or --data"))
+                                    "calibration_parameters.cal_data_dir (relative to the YAML), or the folder given "
+                                    "with --data or a space's eval_data"))
             files.append([])
             continue
         listed = sorted(p for p in data.folder.iterdir() if p.is_file() and not p.name.startswith("."))

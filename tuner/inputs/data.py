@@ -53,7 +53,8 @@ class DataSet:
         for spec in inputs:
             if not spec.folder.is_dir():
                 raise TunerError(f"{spec.folder}: calibration folder not found for input {spec.name!r}; "
-                                 "check calibration_parameters.cal_data_dir (relative to the YAML)")
+                                 "check calibration_parameters.cal_data_dir (relative to the YAML), or the folder "
+                                 "given with --data or a space's eval_data")
             files = sorted(p for p in spec.folder.iterdir() if p.is_file() and not p.name.startswith("."))
             if not files:
                 raise TunerError(f"{spec.folder}: empty calibration folder for input {spec.name!r}; write samples "
