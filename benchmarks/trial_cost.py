@@ -23,7 +23,9 @@ For each model:
   same scales forced, calibrating on its default 2 samples, and again on all calibration
   samples) + a new session + the same evaluation;
 * ratios evaluate / float pass [<= 1.3] and naive / evaluate [>= 10];
-* where an evaluation's time goes: thresholds, plan + Q/DQ graph, session creation, run, scoring.
+* where an evaluation's time goes: thresholds, plan + graph, session creation, run, scoring; and
+  the first candidate again with QuantizeLinear/DequantizeLinear pairs instead of FakeQuant nodes
+  (``tuner.simulate.fakequant``; ``TUNER_FAKEQUANT=0`` runs the whole benchmark that way).
 
 Times are the median of ``--repeat`` runs (at least 3; fresh simulator each run, so every evaluation stays a
 first one, and each run times a float pass just before its evaluations); the machine's other load
@@ -95,8 +97,9 @@ def candidates(ws):
     ], (cpu_node.name, int16_node.name)
 
 
-def breakdown(ws, simulator, candidate) -> dict[str, float]:
-    """The steps of one first evaluation, timed one by one (fresh scale table and session)."""
+def breakdown(ws, simulator, candidate, fused: bool | None = None) -> dict[str, float]:
+    """The steps of one first evaluation, timed one by one (fresh scale table and session);
+    ``fused`` overrides the simulator's choice of FakeQuant nodes or Q/DQ pairs."""
     import numpy as np
 
     from tuner.metrics import Similarity
@@ -114,7 +117,8 @@ def breakdown(ws, simulator, candidate) -> dict[str, float]:
         table.get(tensor, dtype)
     out["thresholds"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    proto = build_sim_model(ws.model.proto, simulator.graph, ws.target, plan, table, simulator.weights)
+    fused = simulator.fused if fused is None else fused
+    proto = build_sim_model(ws.model.proto, simulator.graph, ws.target, plan, table, simulator.weights, fused=fused)
     out["plan+graph"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     session = make_session(proto)  # serializes it, as evaluate does
@@ -130,7 +134,7 @@ def breakdown(ws, simulator, candidate) -> dict[str, float]:
             assert np.isfinite(v).all()
             sims[o].update(simulator.reference[i][o], v)
     out["score"] = time.perf_counter() - t0
-    out["qdq_pairs"] = sum(n.op_type == "QuantizeLinear" for n in proto.graph.node)
+    out["points"] = sum(n.op_type in ("QuantizeLinear", "FakeQuant") for n in proto.graph.node)
     return out
 
 
@@ -235,6 +239,9 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
     print(f"calibration data passes: {run_passes} for the whole run, all methods [target 1] "
           f"(first open: {first_open}, {open_s:.2f} s); second open of the same inputs: {second_open} "
           f"(from cache: {again.stats_from_cache}) [target 0]")
+    points = ("FakeQuant nodes (fused kernel)" if simulator.fused else
+              "QuantizeLinear/DequantizeLinear pairs (no fused kernel here, or TUNER_FAKEQUANT=0)")
+    print(f"quantization points: {points}")
     print(f"float pass (new session + {len(data)} samples): {float_s:.3f} s (run only {float_run:.3f} s); "
           f"simulator set-up {statistics.median(setup_s):.3f} s; sessions built per 5 candidates: {builds[0]}")
     print(f"candidate 5 = node {cpu_node!r} on CPU + node {int16_node!r} OutputType int16")
@@ -257,18 +264,21 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
 
     print("\nwhere a first evaluation's time goes (s):")
     cols = ("thresholds", "plan+graph", "session", "run", "score")
-    print(f"{'candidate':<34}" + "".join(f"{c:>12}" for c in cols) + f"{'Q/DQ pairs':>12}")
-    runs = []
-    for name, cand in cands:
+    kind = "FakeQuant" if simulator.fused else "Q/DQ"
+    print(f"{'candidate':<34}" + "".join(f"{c:>12}" for c in cols) + f"{'points':>8}  kernel")
+    runs = {True: [], False: []}
+    for name, cand in cands + [(f"{cands[0][0]}, as Q/DQ pairs", cands[0][1])] * simulator.fused:
         fresh = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads)
-        b = breakdown(ws, fresh, cand)
-        runs.append(b["run"])
-        print(f"{name:<34}" + "".join(f"{b[c]:>12.3f}" for c in cols) + f"{b['qdq_pairs']:>12d}")
+        fused = fresh.fused and not name.endswith("Q/DQ pairs")
+        b = breakdown(ws, fresh, cand, fused)
+        runs[fused].append(b["run"])
+        print(f"{name:<34}" + "".join(f"{b[c]:>12.3f}" for c in cols) + f"{b['points']:>8d}  "
+              f"{'FakeQuant' if fused else 'Q/DQ'}")
     float_session = _median_time(lambda: make_session(ws.model.proto), max(3, repeat))
     print(f"{'float model':<34}{'':>12}{'':>12}{float_session:>12.3f}{float_run:>12.3f}")
-    print(f"run / float run {statistics.median(runs) / float_run:.2f}x: what the Q/DQ kernels cost; no set-up "
-          "change can remove it (each quantization point is two element-wise passes, QuantizeLinear and "
-          "DequantizeLinear)")
+    print(f"run / float run {statistics.median(runs[simulator.fused]) / float_run:.2f}x with {kind} nodes: what "
+          "the quantization points cost, which no set-up change removes (a FakeQuant node is one element-wise "
+          "pass, a QuantizeLinear/DequantizeLinear pair two; tuner.simulate.fakequant)")
 
 
 def main(argv: list[str] | None = None) -> int:

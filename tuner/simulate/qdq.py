@@ -1,9 +1,11 @@
-"""Build the simulated quantized model of a plan: the float graph with Q/DQ pairs inserted.
+"""Build the simulated quantized model of a plan: the float graph with quantization points inserted.
 
 Each quantization point becomes QuantizeLinear -> DequantizeLinear (``com.microsoft``
-domain, which takes int8 and int16 at any opset, per-tensor or per-channel); BPU weights
-are replaced by their int8 per-channel fake-quantized values. The graph is built in memory
-from cached scales (milliseconds); onnxruntime then runs it.
+domain, which takes int8 and int16 at any opset, per-tensor or per-channel), or, with
+``fused=True``, one ``tuner.sim`` FakeQuant node computing the same values in one pass
+(:mod:`tuner.simulate.fakequant`). BPU weights are replaced by their int8 per-channel
+fake-quantized values. The graph is built in memory from cached scales (milliseconds);
+onnxruntime then runs it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Target
+from tuner.simulate import fakequant
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import ScaleTable
 
@@ -125,13 +128,18 @@ def _node(op: str, inputs: list[str], output: str, name: str, axis: int | None) 
 _ZP_TYPES = {"b": "int8", "B": "uint8", "h": "int16"}
 
 
-def _qdq_pair(tensor: str, dtype: str, src: str, s, memo: dict) -> tuple:
-    """Scale, zero point, QuantizeLinear and DequantizeLinear protos of one quantization point."""
+def _quant_point(tensor: str, dtype: str, src: str, s, memo: dict, fused: bool) -> tuple:
+    """(initializers, nodes, output) of one quantization point: a FakeQuant node when ``fused``
+    and its zero point allows, else QuantizeLinear and DequantizeLinear."""
     base_name = f"{tensor}__{dtype}"
     scale = np.asarray(s.scale, np.float32)
     scale_t = onnx.TensorProto(name=f"{base_name}_scale", data_type=onnx.TensorProto.FLOAT, dims=scale.shape,
                                raw_data=scale.tobytes())
     zp = np.asarray(s.zero_point)
+    lo_hi = fakequant.bounds(zp) if fused else None
+    if lo_hi is not None:
+        node = fakequant.make_node(src, scale_t.name, f"{base_name}_dq", f"{base_name}_FQ", *lo_hi, s.axis)
+        return (scale_t,), (node,), node.output[0]
     if zp.any():
         zp_t = numpy_helper.from_array(zp, f"{base_name}_zp")
     else:
@@ -145,16 +153,18 @@ def _qdq_pair(tensor: str, dtype: str, src: str, s, memo: dict) -> tuple:
     q = _node("QuantizeLinear", [src, scale_t.name, zp_t.name], f"{base_name}_q", f"{base_name}_Q", s.axis)
     dq = _node("DequantizeLinear", [f"{base_name}_q", scale_t.name, zp_t.name], f"{base_name}_dq",
                f"{base_name}_DQ", s.axis)
-    return scale_t, zp_t, q, dq
+    return (scale_t, zp_t), (q, dq), dq.output[0]
 
 
 def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: ScaleTable,
                     weights: WeightCache, extra_outputs: list[str] | None = None,
-                    external: ExternalWeights | None = None, memo: dict | None = None) -> onnx.ModelProto:
+                    external: ExternalWeights | None = None, memo: dict | None = None,
+                    fused: bool = False) -> onnx.ModelProto:
     """The simulated model of ``plan``; ``extra_outputs`` exposes intermediate tensors (for per-node tables).
 
     ``memo`` (a dict kept by the caller across builds of one model) reuses the Q/DQ node and scale
     protos and quantized biases of earlier builds: they depend only on the values in the key.
+    ``fused`` writes FakeQuant nodes, which need the library of :func:`tuner.simulate.fakequant.library`.
     """
     memo = {} if memo is None else memo
     new_inits: dict[str, onnx.TensorProto] = {}
@@ -168,15 +178,16 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         s = scales.get(plan.scale_of.get(tensor, tensor), dtype)
         src = source or tensor
         zp = np.asarray(s.zero_point)
-        pair_key = ("qdq", tensor, dtype, src, s.axis, np.asarray(s.scale).tobytes(), zp.dtype.char, zp.tobytes())
-        if pair_key not in memo:
-            memo[pair_key] = _qdq_pair(tensor, dtype, src, s, memo)
-        scale_t, zp_t, q, dq = memo[pair_key]
-        new_inits[scale_t.name] = scale_t
-        new_inits.setdefault(zp_t.name, zp_t)
-        qdq_after[src] += (q, dq)
-        made[key] = dq.output[0]
-        return made[key]
+        point_key = ("qdq", fused, tensor, dtype, src, s.axis, np.asarray(s.scale).tobytes(), zp.dtype.char,
+                     zp.tobytes())
+        if point_key not in memo:
+            memo[point_key] = _quant_point(tensor, dtype, src, s, memo, fused)
+        inits, point_nodes, out = memo[point_key]
+        for t in inits:
+            new_inits.setdefault(t.name, t)
+        qdq_after[src] += point_nodes
+        made[key] = out
+        return out
 
     # Quantized model outputs: the producer writes "<out>__raw"; Q/DQ writes "<out>".
     raw = {out: f"{out}__raw" for out in plan.outputs}
@@ -251,6 +262,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     for extra in extra_outputs or []:
         if extra not in {o.name for o in mg.output}:
             mg.output.append(helper.make_tensor_value_info(raw.get(extra, extra), onnx.TensorProto.FLOAT, None))
-    if not any(o.domain == MS for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS, 1))
+    domains = {o.domain for o in model.opset_import}
+    for domain in sorted({n.domain for n in nodes} & {MS, fakequant.DOMAIN} - domains):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
     return model

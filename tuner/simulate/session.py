@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from tuner.simulate import fakequant
+
 # Graph transformers that rewrite Q/DQ nodes. In a simulated graph every Q/DQ pair is a
 # quantization point of the plan, which none of them may move, merge, fuse or re-type:
 # "WeightBiasQuantization" would quantize the float weights of CPU nodes behind a BPU->CPU
@@ -72,6 +74,11 @@ def make_session(model: onnx.ModelProto | bytes, threads: int | None = 1, extern
     # simulator needs exact fake-quant semantics for every dtype and per-channel activation
     # scales, which those kernels do not all take (QLinearSigmoid rejects per-channel scales).
     opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    if not isinstance(model, bytes) and fakequant.uses_kernel(model):
+        path = fakequant.library()
+        if path is None:
+            raise RuntimeError("this simulated graph has FakeQuant nodes but the kernel library is unavailable")
+        opts.register_custom_ops_library(path)
     if external is not None and not isinstance(model, bytes):
         # stubs in the graph, values handed over once (tuner.simulate.qdq.ExternalWeights)
         names = [t.name for t in model.graph.initializer

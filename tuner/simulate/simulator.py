@@ -2,7 +2,7 @@
 
 Set-up does the expensive, candidate-independent work once: the float reference outputs on
 the evaluation data and the fake-quantized weights. ``evaluate(candidate)`` then builds the
-candidate's Q/DQ graph in memory from cached scales, opens one onnxruntime session for it
+candidate's fake-quant graph in memory from cached scales, opens one onnxruntime session for it
 (kept in a small LRU cache, so repeated candidates cost nothing to set up) and streams the
 evaluation data through it once.
 """
@@ -25,6 +25,7 @@ from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
 from tuner.metrics.task import TaskScore, load_user_metrics
+from tuner.simulate import fakequant
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
 from tuner.simulate.scales import ScaleTable
@@ -90,6 +91,9 @@ class Simulator:
         self.user_base = user_base
         self.user_fns = load_user_metrics(self.task_metrics, user_base)
         self.graph = Graph(model.proto)
+        # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
+        # (same values, bit for bit; tuner.simulate.fakequant).
+        self.fused = fakequant.library() is not None
         self.weights = WeightCache()
         self.external = ExternalWeights()
         self._build_memo: dict = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
@@ -185,7 +189,8 @@ class Simulator:
             self._sessions.move_to_end(key)
             return self._sessions[key]
         proto = build_sim_model(self.model.proto, self.graph, self.target, plan, self.scales(calibration),
-                                self.weights, extra_outputs=extra, external=self.external, memo=self._build_memo)
+                                self.weights, extra_outputs=extra, external=self.external, memo=self._build_memo,
+                                fused=self.fused)
         session = make_session(proto, external=self.external)
         self.session_builds += 1
         self._sessions[key] = session
