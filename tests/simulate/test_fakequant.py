@@ -24,7 +24,8 @@ def ws(tmp_path_factory):
 
 def test_the_kernel_builds_here_and_passes_its_check():
     path = fakequant.library()
-    assert path is not None and Path(path).is_file()  # this machine (and CI) has a C compiler
+    # .ci/run installs gcc; without a C compiler tuner still works, on Q/DQ pairs
+    assert path is not None and Path(path).is_file(), "no fused kernel: is a C compiler (cc, $CC) installed?"
     fakequant.self_check(path)
 
 
