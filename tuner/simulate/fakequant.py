@@ -53,7 +53,7 @@ def library() -> str | None:
         _tried = True
         try:
             _library = _find_or_build()
-        except OSError as exc:  # unwritable cache, ...
+        except (OSError, subprocess.SubprocessError) as exc:  # no such compiler, unwritable cache, a hung build
             log.warning("tuner: fused fake-quant kernel unavailable (%s); using QuantizeLinear/DequantizeLinear "
                         "pairs (same results, slower)", exc)
     return _library
