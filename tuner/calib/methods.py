@@ -110,31 +110,15 @@ def _percentile(stats: TensorStats, p: float) -> float:
     return min(v0 + (r - j) * (v1 - v0), amax)
 
 
-def _smooth(d: np.ndarray, eps: float = KL_EPS) -> np.ndarray | None:
-    """Move ``eps`` onto each zero bin, taken evenly from the nonzero ones (the sum is kept).
-
-    Returns None when impossible (all zeros, or a nonzero bin would go <= 0), which the callers
-    treat as an infinite divergence, as MXNet's reference implementation does.
-    """
-    zeros = d == 0
-    n_zeros = int(zeros.sum())
-    n_nonzeros = d.size - n_zeros
-    if n_nonzeros == 0:
-        return None
-    eps1 = eps * n_zeros / n_nonzeros
-    out = d + np.where(zeros, eps, -eps1)
-    if (out <= 0).any():
-        return None
-    return out
-
-
 def _kl_divergences(hist: np.ndarray, nq: int, candidates: np.ndarray, eps: float = KL_EPS) -> np.ndarray:
     """KL(P || Q) for each candidate bin count i (TensorRT entropy calibration); inf where undefined.
 
     P is hist[:i] with the outlier mass hist[i:] added to its last bin. Q is hist[:i] (without
     the outliers, so clipping mass is penalised) merged into ``nq`` levels of i // nq bins (the
     last level takes the remainder), each level's count spread evenly over the bins where P is
-    nonzero; bins where P is zero stay zero. Both are smoothed (:func:`_smooth`) and normalised.
+    nonzero; bins where P is zero stay zero. Both are smoothed (``eps`` moved onto each zero bin,
+    taken evenly from the nonzero ones; undefined if a nonzero bin would drop to <= 0, as in
+    MXNet's reference implementation) and normalised.
 
     All candidates at once, from prefix sums: on P's zero bins both sides are ``eps`` and add
     nothing; Q is constant over a level's nonzero bins, so its term is a per-level sum; and the
@@ -181,7 +165,7 @@ def _kl_divergences(hist: np.ndarray, nq: int, candidates: np.ndarray, eps: floa
     e_p = np.where(ok, eps * (i - nnz_p) / np.maximum(nnz_p, 1), 0.0)  # what smoothing takes per nonzero bin
     e_q = np.where(ok, eps * (i - nnz_q) / np.maximum(nnz_q, 1), 0.0)
     min_p = np.minimum(min_h[i - 1], np.where(last != 0, last, np.inf))
-    ok &= (min_p - e_p > 0) & (np.where(q_pos, q_value, np.inf).min(axis=1) - e_q > 0)  # _smooth's None
+    ok &= (min_p - e_p > 0) & (np.where(q_pos, q_value, np.inf).min(axis=1) - e_q > 0)  # smoothing defined
 
     # sum of ps * log qs over P's nonzero bins, level by level (qs = eps where Q is 0)
     a = p_mass - e_p[:, None] * nnz
