@@ -97,9 +97,9 @@ def candidates(ws):
     ], (cpu_node.name, int16_node.name)
 
 
-def breakdown(ws, simulator, candidate, fused: bool | None = None) -> dict[str, float]:
-    """The steps of one first evaluation, timed one by one (fresh scale table and session);
-    ``fused`` overrides the simulator's choice of FakeQuant nodes or Q/DQ pairs."""
+def breakdown(ws, simulator, candidate, fused: bool) -> dict[str, float]:
+    """The steps of one first evaluation, timed one by one (fresh scale table and session), with
+    FakeQuant nodes (``fused``) or Q/DQ pairs."""
     import numpy as np
 
     from tuner.metrics import Similarity
@@ -117,7 +117,6 @@ def breakdown(ws, simulator, candidate, fused: bool | None = None) -> dict[str, 
         table.get(tensor, dtype)
     out["thresholds"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    fused = simulator.fused if fused is None else fused
     proto = build_sim_model(ws.model.proto, simulator.graph, ws.target, plan, table, simulator.weights, fused=fused)
     out["plan+graph"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -267,10 +266,11 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
     kind = "FakeQuant" if simulator.fused else "Q/DQ"
     print(f"{'candidate':<34}" + "".join(f"{c:>12}" for c in cols) + f"{'points':>8}  kernel")
     runs = {True: [], False: []}
-    for name, cand in cands + [(f"{cands[0][0]}, as Q/DQ pairs", cands[0][1])] * simulator.fused:
-        fresh = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads)
-        fused = fresh.fused and not name.endswith("Q/DQ pairs")
-        b = breakdown(ws, fresh, cand, fused)
+    rows = [(name, cand, simulator.fused) for name, cand in cands]
+    if simulator.fused:
+        rows.append((f"{cands[0][0]}, as Q/DQ pairs", cands[0][1], False))
+    for name, cand, fused in rows:
+        b = breakdown(ws, Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads), cand, fused)
         runs[fused].append(b["run"])
         print(f"{name:<34}" + "".join(f"{b[c]:>12.3f}" for c in cols) + f"{b['points']:>8d}  "
               f"{'FakeQuant' if fused else 'Q/DQ'}")
