@@ -197,6 +197,32 @@ def test_evaluations_read_the_data_files_only_at_set_up(tmp_path, monkeypatch):
     assert [r.cosine for r in a.nodes] == [r.cosine for r in b.nodes]
 
 
+def test_labels_are_read_only_at_set_up(tmp_path, monkeypatch):
+    """Label files stay in memory with the samples; beyond the budget they are read again, same result."""
+    import tuner.simulate.simulator as simulator_module
+    from tuner.metrics.task import LabelSet, parse_metric_spec
+
+    project = write_tiny_project(tmp_path / "d")
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    for i in range(8):
+        np.save(labels / f"seg_{i:04d}.npy", np.random.default_rng(i).integers(0, 3, (16, 16)).astype(np.int64))
+    ws = Workspace.open(project)
+    ws.use_task_metrics([parse_metric_spec("miou:seg")], {"seg": "labels/seg_*.npy"}, tmp_path)
+    reads = []
+    real = LabelSet.sample
+    monkeypatch.setattr(LabelSet, "sample", lambda self, i: reads.append(i) or real(self, i))
+    cand = Candidate.make(Calibration("max"), {"/res/Add": {"ON": "CPU"}})
+    cached = ws.simulator
+    a = [cached.evaluate(cand).task for _ in range(2)]
+    assert len(reads) == len(ws.eval_data)
+    monkeypatch.setattr(simulator_module, "SAMPLE_CACHE_BYTES", 0)
+    ws._simulator = None
+    b = ws.simulator.evaluate(cand).task
+    assert len(reads) == 2 * len(ws.eval_data)  # streamed: the pass reads them again
+    assert a[0] == a[1] == b and set(b) == {"miou:seg"}
+
+
 def test_zero_points_are_shared_and_change_no_output_bit(ws):
     """One all-zero zero-point tensor per (dtype, shape): the outputs equal those of private copies."""
     from tuner.simulate.qdq import build_sim_model
