@@ -330,12 +330,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                 continue
             if i >= paired:
                 continue
-            seen = raw
-            if data.mean is not None:
-                seen = seen - data.mean
-            if data.scale is not None:
-                seen = seen * data.scale
-            seenc = _channels_first(np.asarray(seen, np.float64), axis)
+            seenc = _channels_first(np.asarray(data.normalize(raw), np.float64), axis)
             accs[k].add(rawc, seenc.reshape(channels[k], -1))
             pieces.append(_signature(seenc))
             sig_sizes[k] = (pieces[-1][0].size, pieces[-1][1].size)

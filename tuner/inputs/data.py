@@ -35,6 +35,14 @@ class InputData:
     scale: np.ndarray | None = None
     channel_axis: int = 1
 
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        """What the model sees: HzPreprocess ``(x - mean) * scale`` (the dtype follows ``x``)."""
+        if self.mean is not None:
+            x = x - self.mean
+        if self.scale is not None:
+            x = x * self.scale
+        return x
+
 
 def _image_kind(head: bytes) -> str | None:
     for magic, kind in IMAGE_MAGIC.items():
@@ -112,11 +120,7 @@ class DataSet:
         if not np.isfinite(x).all():
             bad = "NaN" if np.isnan(x).any() else "Inf"
             raise TunerError(f"{path}: contains {bad} values; fix the preprocessing that wrote it or remove the file")
-        if spec.mean is not None:
-            x = x - spec.mean
-        if spec.scale is not None:
-            x = x * spec.scale
-        return x.astype(np.float32, copy=False)
+        return spec.normalize(x).astype(np.float32, copy=False)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(self.count):

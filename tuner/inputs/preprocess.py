@@ -183,16 +183,6 @@ def _open(config_path: str | Path, command: str) -> tuple[HbConfig, LoadedModel,
     return config, model, _single_input(config, model, command)
 
 
-def _normalize(data: InputData, x: np.ndarray) -> np.ndarray:
-    """What the model sees: the YAML's mean/scale, as DataSet applies them (HzPreprocess)."""
-    x = np.asarray(x, np.float32)
-    if data.mean is not None:
-        x = x - data.mean
-    if data.scale is not None:
-        x = x * data.scale
-    return x.astype(np.float32, copy=False)
-
-
 def _cal_type_source(config: HbConfig) -> str:
     explicit = (config.section("calibration_parameters") or {}).get("cal_data_type") is not None
     return "" if explicit else " (inferred from the folder name, since calibration_parameters.cal_data_type is not set)"
@@ -495,8 +485,8 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
         fc = _flat(f, axis, channels)
         pc = _flat(p, axis, channels)
         acc.add(fc, pc, pc[perm] if perm is not None else None, i)
-        ref = session.run(out_names, {data.name: _normalize(data, p)})
-        got = session.run(out_names, {data.name: _normalize(data, f)})
+        ref = session.run(out_names, {data.name: data.normalize(p).astype(np.float32, copy=False)})
+        got = session.run(out_names, {data.name: data.normalize(f).astype(np.float32, copy=False)})
         for name, r, g in zip(out_names, ref, got):
             sims[name].update(r, g)
     report.compared = n
