@@ -165,10 +165,6 @@ class _Acc:
         return out
 
 
-def _axis(data: InputData) -> int | None:
-    return data.channel_axis if len(data.shape) >= 2 else None
-
-
 def _channels_first(x: np.ndarray, axis: int | None) -> np.ndarray:
     """[C, ...] view with the channel axis first (one channel for rank < 2)."""
     return x[None] if axis is None else np.moveaxis(x, axis, 0)
@@ -293,7 +289,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
         paired = min(paired, limit)
 
     # ---- one streaming pass ----------------------------------------------------------------
-    channels = [d.shape[_axis(d)] if _axis(d) is not None else 1 for d, _ in resolved]
+    channels = [d.channels for d, _ in resolved]
     sig_sizes: list[tuple[int, int]] = [(0, 0)] * len(resolved)
     accs = [_Acc(c) for c in channels]
     signatures: list[tuple[np.ndarray, np.ndarray]] = []
@@ -312,7 +308,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                 findings.append(problem)
                 ok = False
                 continue
-            axis = _axis(data)
+            axis = data.channel_axis
             rawc = _channels_first(raw, axis).reshape(channels[k], -1)
             nan = np.isnan(rawc).sum(axis=1)
             inf = np.isinf(rawc).sum(axis=1)

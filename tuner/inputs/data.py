@@ -33,7 +33,11 @@ class InputData:
     shape: tuple[int, ...]
     mean: np.ndarray | None = None   # HzPreprocess: (x - mean) * scale, per channel
     scale: np.ndarray | None = None
-    channel_axis: int = 1
+    channel_axis: int | None = 1     # None: rank < 2, one channel
+
+    @property
+    def channels(self) -> int:
+        return self.shape[self.channel_axis] if self.channel_axis is not None else 1
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
         """What the model sees: HzPreprocess ``(x - mean) * scale`` (the dtype follows ``x``)."""
@@ -156,7 +160,7 @@ def _per_channel(values: tuple[float, ...] | None, shape: tuple[int, ...], layou
     arr = np.asarray(values, dtype=np.float32)
     if len(shape) != 4:
         return arr.reshape(()) if arr.size == 1 else arr
-    axis = 1 if layout == "NCHW" else 3
+    axis = channel_axis(shape, layout)
     channels = shape[axis]
     if arr.size not in (1, channels):
         raise TunerError(f"mean_value/scale_value give {arr.size} values for an input with {channels} channels")
@@ -193,12 +197,11 @@ def input_data(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
         folder = folders[i] if folders is not None else spec.cal_dir
         if folder is None and require_folder:
             raise TunerError(f"no calibration folder for input {name!r}; set calibration_parameters.cal_data_dir")
-        axis = channel_axis(shape, spec.layout_train)
         inputs.append(InputData(name=name, folder=Path(folder) if folder is not None else Path(),
                                 dtype=spec.cal_type or "float32", shape=shape,
                                 mean=_per_channel(spec.mean, shape, spec.layout_train),
                                 scale=_per_channel(spec.scale, shape, spec.layout_train),
-                                channel_axis=axis if axis is not None else 0))
+                                channel_axis=channel_axis(shape, spec.layout_train)))
     return inputs
 
 

@@ -469,8 +469,7 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
         raise TunerError(f"{model.path}: onnxruntime cannot run the float model ({exc})") from None
     out_names = model.output_names
     sims = {o: Similarity() for o in out_names}
-    axis = _axis(data)
-    channels = data.shape[axis] if axis is not None else 1
+    axis, channels = data.channel_axis, data.channels
     acc = _PairAcc(channels)
     perm = _swap_perm(channels) if channels >= 3 else None
     cal_files = dataset.files[0]
@@ -506,10 +505,6 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
     report.findings.append(_diagnose(acc, data, tol, report, config))
     report.findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     return report
-
-
-def _axis(data: InputData) -> int | None:
-    return data.channel_axis if len(data.shape) >= 2 else None
 
 
 def _flat(x: np.ndarray, axis: int | None, channels: int) -> np.ndarray:
