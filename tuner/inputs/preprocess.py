@@ -445,11 +445,11 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
                               input=data.name, n_images=len(image_files), n_files=0, compared=0)
     raw = replace(data, mean=None, scale=None)     # the file values, before mean/scale
     try:
-        n_files = len(DataSet([raw]))
+        dataset = DataSet([raw])        # lists and size-checks every file; samples are read lazily
     except TunerError as exc:
         report.findings.append(Finding(ERROR, "cal_files_unusable", data.name, None, f"{exc}"))
         return report
-    report.n_files = n_files
+    report.n_files = n_files = len(dataset)
     n = min(n_files, len(image_files))
     if limit is not None:
         n = min(n, limit)
@@ -462,7 +462,6 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
                                        f"{data.folder} holds {n_files} files and {images} {len(image_files)} images; "
                                        f"compared the first {min(n_files, len(image_files))} pairs by sorted name: "
                                        "make sure both sort in the same order"))
-    dataset = DataSet([raw], limit=n)
     try:
         session = make_session(model.proto)
     except Exception as exc:  # onnxruntime's own errors
@@ -499,10 +498,8 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
                                            worst_file=cal_files[w].name if w >= 0 else None,
                                            worst_image=image_files[w].name if w >= 0 else None))
     report.outputs = [OutputDiff(o, _finite(s.cosine), _finite(s.max_abs)) for o, s in sims.items()]
-    if np.all(acc.max_abs <= tol):
-        report.findings.sort(key=lambda f: SEVERITIES.index(f.severity))
-        return report
-    report.findings.append(_diagnose(acc, data, tol, report, config))
+    if not np.all(acc.max_abs <= tol):
+        report.findings.append(_diagnose(acc, data, tol, report, config))
     report.findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     return report
 
