@@ -66,7 +66,6 @@ def load_preprocess(spec: str, base_dir: str | Path | None = None,
                              "fix the function or remove the image") from exc
         return _check_result(value, path, label, shape)
 
-    run.spec = label  # type: ignore[attr-defined]
     return run
 
 
