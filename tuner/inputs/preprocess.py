@@ -16,7 +16,6 @@ returning that tensor.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from tuner.errors import TunerError
+from tuner.export.hb_yaml import write_atomic
 from tuner.inputs.checks import ERROR, INFO, SEVERITIES, WARNING, Finding, FindingsReport
 from tuner.inputs.config import HbConfig, InputSpec, load_config
 from tuner.inputs.data import DTYPES, DataSet, InputData, input_data
@@ -223,16 +223,6 @@ def cal_file_names(images: list[Path]) -> list[str]:
     return [f"{i:0{width}d}_{_safe_stem(p)}.bin" for i, p in enumerate(images)]
 
 
-def _write_atomic(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")   # hidden: never read as a sample
-    try:
-        arr.tofile(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str | None, out: str | Path,
                   limit: int | None = None, overwrite: bool = False) -> list[Path]:
     """Write one calibration file per image of ``images`` into ``out``; return their paths.
@@ -269,7 +259,7 @@ def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str |
         for image, target in zip(files, targets):
             arr = _to_dtype(fn(image), data.dtype, image, label, source)
             existed = target.exists()
-            _write_atomic(target, arr)
+            write_atomic(target, arr.tobytes())   # its temporary file is hidden: never read as a sample
             written.append(target)
             if not existed:
                 created.append(target)
