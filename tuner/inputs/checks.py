@@ -31,7 +31,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.config import HbConfig, InputSpec, load_config
-from tuner.inputs.data import DTYPES, DataSet, InputData, _image_kind, input_data
+from tuner.inputs.data import DTYPES, DataSet, InputData, _image_kind, input_data, list_samples
 from tuner.inputs.model import load_model
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -269,7 +269,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                                     "with --data or a space's eval_data"))
             files.append([])
             continue
-        listed = sorted(p for p in data.folder.iterdir() if p.is_file() and not p.name.startswith("."))
+        listed = list_samples(data.folder)
         if not listed:
             findings.append(Finding(ERROR, "empty_folder", data.name, None,
                                     f"{data.folder}: empty calibration folder for input {data.name!r}; write "

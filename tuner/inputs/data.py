@@ -48,6 +48,11 @@ class InputData:
         return x
 
 
+def list_samples(folder: Path) -> list[Path]:
+    """The files of a sample folder in the order hb_mapper pairs them: sorted, hidden ones skipped."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 def _image_kind(head: bytes) -> str | None:
     for magic, kind in IMAGE_MAGIC.items():
         if head.startswith(magic):
@@ -67,7 +72,7 @@ class DataSet:
                 raise TunerError(f"{spec.folder}: calibration folder not found for input {spec.name!r}; "
                                  "check calibration_parameters.cal_data_dir (relative to the YAML), or the folder "
                                  "given with --data or a space's eval_data")
-            files = sorted(p for p in spec.folder.iterdir() if p.is_file() and not p.name.startswith("."))
+            files = list_samples(spec.folder)
             if not files:
                 raise TunerError(f"{spec.folder}: empty calibration folder for input {spec.name!r}; write samples "
                                  "with numpy's tofile() there")
