@@ -120,8 +120,9 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, text: str, protect: tuple[Path, ...] = ()) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename; never onto a protected file."""
+def write_atomic(path: Path, text: str | bytes, protect: tuple[Path, ...] = ()) -> None:
+    """Write ``text`` (UTF-8) or bytes to ``path`` via a hidden temporary file and rename; never
+    onto a protected file."""
     path = Path(path)
     for p in protect:
         if p.exists() and path.exists() and path.resolve() == p.resolve():
@@ -129,7 +130,8 @@ def write_atomic(path: Path, text: str, protect: tuple[Path, ...] = ()) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        binary = isinstance(text, bytes)
+        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
             f.write(text)
             # mkstemp makes the file 0600; a result is shared like any file the user writes
             # (an existing file keeps its mode).

@@ -31,7 +31,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.config import HbConfig, InputSpec, load_config
-from tuner.inputs.data import DTYPES, DataSet, InputData, _image_kind, input_data
+from tuner.inputs.data import DTYPES, DataSet, InputData, _image_kind, input_data, list_samples
 from tuner.inputs.model import load_model
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -165,10 +165,6 @@ class _Acc:
         return out
 
 
-def _axis(data: InputData) -> int | None:
-    return data.channel_axis if len(data.shape) >= 2 else None
-
-
 def _channels_first(x: np.ndarray, axis: int | None) -> np.ndarray:
     """[C, ...] view with the channel axis first (one channel for rank < 2)."""
     return x[None] if axis is None else np.moveaxis(x, axis, 0)
@@ -273,7 +269,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                                     "with --data or a space's eval_data"))
             files.append([])
             continue
-        listed = sorted(p for p in data.folder.iterdir() if p.is_file() and not p.name.startswith("."))
+        listed = list_samples(data.folder)
         if not listed:
             findings.append(Finding(ERROR, "empty_folder", data.name, None,
                                     f"{data.folder}: empty calibration folder for input {data.name!r}; write "
@@ -293,7 +289,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
         paired = min(paired, limit)
 
     # ---- one streaming pass ----------------------------------------------------------------
-    channels = [d.shape[_axis(d)] if _axis(d) is not None else 1 for d, _ in resolved]
+    channels = [d.channels for d, _ in resolved]
     sig_sizes: list[tuple[int, int]] = [(0, 0)] * len(resolved)
     accs = [_Acc(c) for c in channels]
     signatures: list[tuple[np.ndarray, np.ndarray]] = []
@@ -312,7 +308,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                 findings.append(problem)
                 ok = False
                 continue
-            axis = _axis(data)
+            axis = data.channel_axis
             rawc = _channels_first(raw, axis).reshape(channels[k], -1)
             nan = np.isnan(rawc).sum(axis=1)
             inf = np.isinf(rawc).sum(axis=1)
@@ -330,12 +326,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                 continue
             if i >= paired:
                 continue
-            seen = raw
-            if data.mean is not None:
-                seen = seen - data.mean
-            if data.scale is not None:
-                seen = seen * data.scale
-            seenc = _channels_first(np.asarray(seen, np.float64), axis)
+            seenc = _channels_first(np.asarray(data.normalize(raw), np.float64), axis)
             accs[k].add(rawc, seenc.reshape(channels[k], -1))
             pieces.append(_signature(seenc))
             sig_sizes[k] = (pieces[-1][0].size, pieces[-1][1].size)

@@ -33,7 +33,24 @@ class InputData:
     shape: tuple[int, ...]
     mean: np.ndarray | None = None   # HzPreprocess: (x - mean) * scale, per channel
     scale: np.ndarray | None = None
-    channel_axis: int = 1
+    channel_axis: int | None = 1     # None: rank < 2, one channel
+
+    @property
+    def channels(self) -> int:
+        return self.shape[self.channel_axis] if self.channel_axis is not None else 1
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        """What the model sees: HzPreprocess ``(x - mean) * scale`` (the dtype follows ``x``)."""
+        if self.mean is not None:
+            x = x - self.mean
+        if self.scale is not None:
+            x = x * self.scale
+        return x
+
+
+def list_samples(folder: Path) -> list[Path]:
+    """The files of a sample folder in the order hb_mapper pairs them: sorted, hidden ones skipped."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
 def _image_kind(head: bytes) -> str | None:
@@ -55,7 +72,7 @@ class DataSet:
                 raise TunerError(f"{spec.folder}: calibration folder not found for input {spec.name!r}; "
                                  "check calibration_parameters.cal_data_dir (relative to the YAML), or the folder "
                                  "given with --data or a space's eval_data")
-            files = sorted(p for p in spec.folder.iterdir() if p.is_file() and not p.name.startswith("."))
+            files = list_samples(spec.folder)
             if not files:
                 raise TunerError(f"{spec.folder}: empty calibration folder for input {spec.name!r}; write samples "
                                  "with numpy's tofile() there")
@@ -112,11 +129,7 @@ class DataSet:
         if not np.isfinite(x).all():
             bad = "NaN" if np.isnan(x).any() else "Inf"
             raise TunerError(f"{path}: contains {bad} values; fix the preprocessing that wrote it or remove the file")
-        if spec.mean is not None:
-            x = x - spec.mean
-        if spec.scale is not None:
-            x = x * spec.scale
-        return x.astype(np.float32, copy=False)
+        return spec.normalize(x).astype(np.float32, copy=False)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(self.count):
@@ -152,7 +165,7 @@ def _per_channel(values: tuple[float, ...] | None, shape: tuple[int, ...], layou
     arr = np.asarray(values, dtype=np.float32)
     if len(shape) != 4:
         return arr.reshape(()) if arr.size == 1 else arr
-    axis = 1 if layout == "NCHW" else 3
+    axis = channel_axis(shape, layout)
     channels = shape[axis]
     if arr.size not in (1, channels):
         raise TunerError(f"mean_value/scale_value give {arr.size} values for an input with {channels} channels")
@@ -189,12 +202,11 @@ def input_data(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
         folder = folders[i] if folders is not None else spec.cal_dir
         if folder is None and require_folder:
             raise TunerError(f"no calibration folder for input {name!r}; set calibration_parameters.cal_data_dir")
-        axis = channel_axis(shape, spec.layout_train)
         inputs.append(InputData(name=name, folder=Path(folder) if folder is not None else Path(),
                                 dtype=spec.cal_type or "float32", shape=shape,
                                 mean=_per_channel(spec.mean, shape, spec.layout_train),
                                 scale=_per_channel(spec.scale, shape, spec.layout_train),
-                                channel_axis=axis if axis is not None else 0))
+                                channel_axis=channel_axis(shape, spec.layout_train)))
     return inputs
 
 

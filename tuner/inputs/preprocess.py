@@ -16,7 +16,6 @@ returning that tensor.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from tuner.errors import TunerError
+from tuner.export.hb_yaml import write_atomic
 from tuner.inputs.checks import ERROR, INFO, SEVERITIES, WARNING, Finding, FindingsReport
 from tuner.inputs.config import HbConfig, InputSpec, load_config
 from tuner.inputs.data import DTYPES, DataSet, InputData, input_data
@@ -66,7 +66,6 @@ def load_preprocess(spec: str, base_dir: str | Path | None = None,
                              "fix the function or remove the image") from exc
         return _check_result(value, path, label, shape)
 
-    run.spec = label  # type: ignore[attr-defined]
     return run
 
 
@@ -183,16 +182,6 @@ def _open(config_path: str | Path, command: str) -> tuple[HbConfig, LoadedModel,
     return config, model, _single_input(config, model, command)
 
 
-def _normalize(data: InputData, x: np.ndarray) -> np.ndarray:
-    """What the model sees: the YAML's mean/scale, as DataSet applies them (HzPreprocess)."""
-    x = np.asarray(x, np.float32)
-    if data.mean is not None:
-        x = x - data.mean
-    if data.scale is not None:
-        x = x * data.scale
-    return x.astype(np.float32, copy=False)
-
-
 def _cal_type_source(config: HbConfig) -> str:
     explicit = (config.section("calibration_parameters") or {}).get("cal_data_type") is not None
     return "" if explicit else " (inferred from the folder name, since calibration_parameters.cal_data_type is not set)"
@@ -234,16 +223,6 @@ def cal_file_names(images: list[Path]) -> list[str]:
     return [f"{i:0{width}d}_{_safe_stem(p)}.bin" for i, p in enumerate(images)]
 
 
-def _write_atomic(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")   # hidden: never read as a sample
-    try:
-        arr.tofile(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str | None, out: str | Path,
                   limit: int | None = None, overwrite: bool = False) -> list[Path]:
     """Write one calibration file per image of ``images`` into ``out``; return their paths.
@@ -280,7 +259,7 @@ def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str |
         for image, target in zip(files, targets):
             arr = _to_dtype(fn(image), data.dtype, image, label, source)
             existed = target.exists()
-            _write_atomic(target, arr)
+            write_atomic(target, arr.tobytes())   # its temporary file is hidden: never read as a sample
             written.append(target)
             if not existed:
                 created.append(target)
@@ -455,11 +434,11 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
                               input=data.name, n_images=len(image_files), n_files=0, compared=0)
     raw = replace(data, mean=None, scale=None)     # the file values, before mean/scale
     try:
-        n_files = len(DataSet([raw]))
+        dataset = DataSet([raw])        # lists and size-checks every file; samples are read lazily
     except TunerError as exc:
         report.findings.append(Finding(ERROR, "cal_files_unusable", data.name, None, f"{exc}"))
         return report
-    report.n_files = n_files
+    report.n_files = n_files = len(dataset)
     n = min(n_files, len(image_files))
     if limit is not None:
         n = min(n, limit)
@@ -472,15 +451,13 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
                                        f"{data.folder} holds {n_files} files and {images} {len(image_files)} images; "
                                        f"compared the first {min(n_files, len(image_files))} pairs by sorted name: "
                                        "make sure both sort in the same order"))
-    dataset = DataSet([raw], limit=n)
     try:
         session = make_session(model.proto)
     except Exception as exc:  # onnxruntime's own errors
         raise TunerError(f"{model.path}: onnxruntime cannot run the float model ({exc})") from None
     out_names = model.output_names
     sims = {o: Similarity() for o in out_names}
-    axis = _axis(data)
-    channels = data.shape[axis] if axis is not None else 1
+    axis, channels = data.channel_axis, data.channels
     acc = _PairAcc(channels)
     perm = _swap_perm(channels) if channels >= 3 else None
     cal_files = dataset.files[0]
@@ -495,8 +472,8 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
         fc = _flat(f, axis, channels)
         pc = _flat(p, axis, channels)
         acc.add(fc, pc, pc[perm] if perm is not None else None, i)
-        ref = session.run(out_names, {data.name: _normalize(data, p)})
-        got = session.run(out_names, {data.name: _normalize(data, f)})
+        ref = session.run(out_names, {data.name: data.normalize(p).astype(np.float32, copy=False)})
+        got = session.run(out_names, {data.name: data.normalize(f).astype(np.float32, copy=False)})
         for name, r, g in zip(out_names, ref, got):
             sims[name].update(r, g)
     report.compared = n
@@ -510,16 +487,10 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
                                            worst_file=cal_files[w].name if w >= 0 else None,
                                            worst_image=image_files[w].name if w >= 0 else None))
     report.outputs = [OutputDiff(o, _finite(s.cosine), _finite(s.max_abs)) for o, s in sims.items()]
-    if np.all(acc.max_abs <= tol):
-        report.findings.sort(key=lambda f: SEVERITIES.index(f.severity))
-        return report
-    report.findings.append(_diagnose(acc, data, tol, report, config))
+    if not np.all(acc.max_abs <= tol):
+        report.findings.append(_diagnose(acc, data, tol, report, config))
     report.findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     return report
-
-
-def _axis(data: InputData) -> int | None:
-    return data.channel_axis if len(data.shape) >= 2 else None
 
 
 def _flat(x: np.ndarray, axis: int | None, channels: int) -> np.ndarray:
