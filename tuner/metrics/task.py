@@ -492,16 +492,14 @@ class TaskScore:
     against the float model's output (agreement, depth error relative to float).
     """
 
-    def __init__(self, specs: list[MetricSpec], user_fns: dict[str, UserFn] | None = None,
-                 user_base: Path | None = None):
-        """``user_fns``: user metrics already loaded (``load_user_metrics``), so a pass per trial
-        does not import the user's file again."""
+    def __init__(self, specs: list[MetricSpec], user_fns: dict[str, UserFn] | None = None):
+        """``user_fns``: the user metrics of ``specs``, loaded once at set-up
+        (:func:`load_user_metrics`), so a pass per trial does not import the user's file again."""
         self.specs = specs
         self._acc: dict[MetricSpec, Any] = {}
         for spec in specs:
             if spec.kind == "user":
-                fn = (user_fns or {}).get(spec.user) or load_user_metric(spec.user, user_base)
-                self._acc[spec] = UserMetric(fn, name=spec.user)
+                self._acc[spec] = UserMetric(user_fns[spec.user], name=spec.user)
             else:
                 self._acc[spec] = _ACCUMULATORS[spec.kind]()
 
