@@ -180,13 +180,18 @@ def _ends_table(line: str) -> bool:
                                     or _OUTPUT_HEADER.match(line))
 
 
-def _node_row(tokens: list[str], fields: list[str]) -> NodeRecord | None:
-    n = len(fields)
-    if len(tokens) < n:
+def _row_cells(tokens: list[str], fields: list[str]) -> dict[str, str] | None:
+    """field -> cell of one row; surplus tokens belong to the first cell (a name may hold spaces)."""
+    extra = len(tokens) - len(fields)
+    if extra < 0:
         return None
-    extra = len(tokens) - n
-    cells = [" ".join(tokens[: extra + 1])] + tokens[extra + 1:]   # a name may hold spaces
-    row = dict(zip(fields, cells))
+    return dict(zip(fields, [" ".join(tokens[: extra + 1])] + tokens[extra + 1:]))
+
+
+def _node_row(tokens: list[str], fields: list[str]) -> NodeRecord | None:
+    row = _row_cells(tokens, fields)
+    if row is None:
+        return None
     on = row.get("on", "")
     if on.upper() not in ("BPU", "CPU"):
         return None
@@ -206,12 +211,9 @@ def _node_row(tokens: list[str], fields: list[str]) -> NodeRecord | None:
 
 
 def _output_row(tokens: list[str], fields: list[str]) -> OutputRecord | None:
-    n = len(fields)
-    if len(tokens) < n:
+    row = _row_cells(tokens, fields)
+    if row is None:
         return None
-    extra = len(tokens) - n
-    cells = [" ".join(tokens[: extra + 1])] + tokens[extra + 1:]
-    row = dict(zip(fields, cells))
     values = {k: _number(row[k]) for k in ("cosine", "l1", "l2", "chebyshev") if k in row}
     if "cosine" in row and values["cosine"] is None and row["cosine"] not in ("--",):
         return None
