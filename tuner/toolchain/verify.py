@@ -39,7 +39,7 @@ import yaml
 from tuner.errors import TunerError
 from tuner.study import results
 from tuner.toolchain.compare import Comparison
-from tuner.toolchain.hblog import HbLog, parse_log
+from tuner.toolchain.hblog import HbLog, parse_log, read_log
 from tuner.toolchain.records import real_record, real_records, save_real
 
 LOG_NAME = "hb_mapper_makertbin.log"
@@ -104,11 +104,9 @@ def find_log(folder: Path, output: str, log_name: str, started: float) -> HbLog 
     path = folder / log_name
     if path.is_file() and path.stat().st_mtime >= started - 1:
         try:
-            log = parse_log(path.read_bytes().decode("utf-8", errors="replace"), str(path))
+            return read_log(path)
         except TunerError:
-            log = None
-        if log is not None:
-            return log
+            pass
     try:
         log = parse_log(output, "stdout")
     except TunerError:
