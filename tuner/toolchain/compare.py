@@ -21,7 +21,7 @@ import numpy as np
 
 from tuner.candidate import Candidate
 from tuner.simulate import Evaluation
-from tuner.toolchain.hblog import HbLog
+from tuner.toolchain.hblog import HbLog, name_matches
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -159,7 +159,7 @@ class Comparison:
             refused = None
             if want:
                 refused = _refused(want, rows) if rows else None
-                if any(m == r.name or (m.startswith("...") and r.name.endswith(m[3:])) for m in refused_msgs):
+                if any(name_matches(m, r.name) for m in refused_msgs):
                     refused = True
             if not rows:
                 without_row.append(r.name)

@@ -77,9 +77,14 @@ class NodeRecord:
 
     def matches(self, node_name: str) -> bool:
         """Whether this row is ``node_name`` (a cut name matches by its tail)."""
-        if self.truncated:
-            return len(self.name) > 3 and node_name.endswith(self.name[3:])
-        return self.name == node_name
+        return name_matches(self.name, node_name)
+
+
+def name_matches(printed: str, node_name: str) -> bool:
+    """Whether a name as the log prints it is ``node_name`` (a cut ``...tail`` matches by its tail)."""
+    if printed.startswith("..."):
+        return len(printed) > 3 and node_name.endswith(printed[3:])
+    return printed == node_name
 
 
 @dataclass(frozen=True)
