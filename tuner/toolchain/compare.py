@@ -22,6 +22,7 @@ import numpy as np
 from tuner.candidate import Candidate
 from tuner.simulate import Evaluation
 from tuner.toolchain.hblog import HbLog, name_matches
+from tuner.toolchain.records import jsonable
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -188,7 +189,7 @@ class Comparison:
                         "output_cosine_gap": self.output_cosine_gap, "real_output_cosine": self.real_output_cosine,
                         "sim_output_cosine": self.sim_output_cosine, "placement_differs": self.placement_differs,
                         "int16_refused": self.int16_refused}
-        return _clean(d)
+        return jsonable(d)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Comparison":
@@ -273,16 +274,6 @@ def _f(value: float | None, digits: int = 6, sign: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "--"
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
-
-
-def _clean(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    return v
 
 
 def comparison_for_trial(study, trial) -> "Comparison | None":

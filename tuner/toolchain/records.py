@@ -10,6 +10,7 @@ same blob as its own user attribute ``real`` and ``verified_from: N``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import optuna
@@ -35,4 +36,18 @@ def real_records(study: optuna.Study) -> dict[int, dict[str, Any]]:
 
 
 def save_real(study: optuna.Study, number: int, record: dict[str, Any]) -> None:
-    study.set_user_attr(real_key(number), record)
+    study.set_user_attr(real_key(number), jsonable(record))
+
+
+def jsonable(v: Any) -> Any:
+    """``v`` as plain JSON (what every storage keeps): non-finite floats become None, keys strings,
+    tuples lists, anything else its ``str``."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)

@@ -249,20 +249,8 @@ class StudyContext:
                                f"'accuracy' or {self.objective!r}")
         if record.get("status") == "ok" and acc is not None and feedback:
             record["feedback_trial"] = self.feed_back(row, acc, record.get("latency_ms"), record)
-        save_real(self.study, row.number, _jsonable(record))
+        save_real(self.study, row.number, record)
         return record
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    return str(v)
 
 
 def _now() -> str:
@@ -301,7 +289,7 @@ def verify_trial(ctx: StudyContext, row: results.Row, command: str, timeout: flo
         yaml_path = ctx.export(row, folder)
     except (TunerError, OSError) as exc:
         record.update(status="error", error=f"export failed: {exc}")
-        save_real(ctx.study, row.number, _jsonable(record))
+        save_real(ctx.study, row.number, record)
         return record
     (folder / log_name).unlink(missing_ok=True)     # never import a stale log from an earlier run
     cmd = substitute(command, yaml_path.resolve(), folder.resolve(), row.number)
