@@ -216,6 +216,8 @@ def test_labels_are_read_only_at_set_up(tmp_path, monkeypatch):
     cached = ws.simulator
     a = [cached.evaluate(cand).task for _ in range(2)]
     assert len(reads) == len(ws.eval_data)
+    cached._label(0)["seg"][:] = 99                 # a metric writing into its labels changes nothing later
+    assert (cached._label(0)["seg"] < 3).all()
     monkeypatch.setattr(simulator_module, "SAMPLE_CACHE_BYTES", 0)
     ws._simulator = None
     b = ws.simulator.evaluate(cand).task

@@ -88,7 +88,6 @@ class Simulator:
         self.threads = threads  # samples run in parallel (each session single-threaded)
         self.task_metrics = list(task_metrics or [])   # tuner.metrics.task.MetricSpec
         self.labels = labels                           # tuner.metrics.task.LabelSet or None
-        self.user_base = user_base
         self.user_fns = load_user_metrics(self.task_metrics, user_base)
         self.graph = Graph(model.proto)
         # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
@@ -238,9 +237,10 @@ class Simulator:
         return ev
 
     def _label(self, i: int) -> dict[str, np.ndarray] | None:
-        """Sample ``i``'s labels: from memory when set-up kept them, else read again."""
+        """Sample ``i``'s labels: from memory when set-up kept them (fresh copies, as a read gives:
+        a user metric may write into its labels), else read again."""
         if self._labels is not None:
-            return self._labels[i]
+            return {k: v.copy() for k, v in self._labels[i].items()}
         return self.labels.sample(i) if self.labels is not None else None
 
     def _rows(self, plan: Plan, calibration: Calibration, sims: dict[str, Similarity]) -> list[NodeRow]:
