@@ -291,3 +291,16 @@ def test_task_metric_objective_with_labels(tmp_path):
 
     with pytest.raises(TunerError, match="4 files match"):
         Search.open(space, results_dir=tmp_path / "results2", quiet=True)
+
+
+def test_each_trial_records_its_worker_once_when_it_is_created(tmp_path):
+    """The sampler writes the worker (host, pid) as Optuna creates the trial; the objective
+    does not write it a second time (one storage write per trial, an fsync on a journal)."""
+    space = write_tiny_space(tmp_path)
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    assert len(trials) == 6 and all(t.user_attrs["worker"]["pid"] == os.getpid() for t in trials)
+    logs = [json.loads(line) for line in search.paths.journal.read_text().splitlines()]
+    writes = [log["trial_id"] for log in logs if "worker" in (log.get("user_attr") or {})]
+    assert sorted(writes) == sorted(t._trial_id for t in trials)

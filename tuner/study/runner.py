@@ -394,12 +394,8 @@ class Search:
         return self._done.get(key)
 
     def objective(self, trial: optuna.Trial) -> list[float] | float:
-        from tuner.study.orphans import worker_identity
-
-        # Who runs this trial (a trial of a dead process is an orphan, see orphans.py); the
-        # study's sampler already recorded it when the trial was created.
-        if "worker" not in trial.user_attrs:
-            trial.set_user_attr("worker", worker_identity())
+        # Who runs this trial is recorded by the study's sampler when the trial is created
+        # (``tag_trials`` in :meth:`sampler`; a trial of a dead process is an orphan, see orphans.py).
         if self.budget is not None and _surplus(trial, self.budget):
             raise optuna.TrialPruned("the budget was reached by other workers' trials")
         r = self.resolved
