@@ -634,14 +634,20 @@ def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path
         if storage is None and not paths.journal.exists():
             raise TunerError(f"no study {name_or_dir!r}: {paths.journal} does not exist (pass --storage URL for a "
                              "study in a database)")
-    stor = make_storage(storage, paths)
+    return _load_study(name, storage, paths), paths
+
+
+def _load_study(name: str, storage: str | None, paths: StudyPaths, hint: str = "",
+                heartbeat: float | None = HEARTBEAT_S) -> optuna.Study:
+    """The study ``name`` in ``storage`` (default: the journal in ``paths``), or one line naming
+    the studies that storage does hold (then ``hint``)."""
+    stor = make_storage(storage, paths, heartbeat=heartbeat)
     try:
-        study = optuna.load_study(study_name=name, storage=stor)
+        return optuna.load_study(study_name=name, storage=stor)
     except KeyError:
         names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
         raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; "
-                         f"it has {', '.join(names) or 'none'}") from None
-    return study, paths
+                         f"it has {', '.join(names) or 'none'}{hint}") from None
 
 
 def join_study(name: str, storage: str | None, space: str | Path | None = None, results_dir: str | Path = "results",
@@ -656,13 +662,7 @@ def join_study(name: str, storage: str | None, space: str | Path | None = None, 
     if storage is None and not paths.journal.exists():
         raise TunerError(f"no study {name!r}: {paths.journal} does not exist; pass --storage URL (the study's "
                          "database) or --results-dir")
-    stor = make_storage(storage, paths, heartbeat=None)
-    try:
-        study = optuna.load_study(study_name=name, storage=stor)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
-        raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; it has "
-                         f"{', '.join(names) or 'none'} (start it with 'tuner search SPACE --storage URL')") from None
+    study = _load_study(name, storage, paths, " (start it with 'tuner search SPACE --storage URL')", heartbeat=None)
     info = study_info(study)
     space_path = Path(space) if space is not None else Path(info["space_path"])
     if not space_path.is_file():
