@@ -359,11 +359,11 @@ class Search:
         return len(plans)
 
     # ---------------------------------------------------------------- trials
-    def clean_zombies(self, study: optuna.Study, retry: bool = True, pids=None) -> list[int]:
+    def clean_zombies(self, study: optuna.Study, pids=None) -> list[int]:
         """RUNNING trials whose worker process on this host is gone -> FAIL (re-queued ``max_retry`` times)."""
         from tuner.study.orphans import reap
 
-        return reap(study, self.max_retry if retry else 0, pids)
+        return reap(study, self.max_retry, pids)
 
     def fail_own_running(self, study: optuna.Study) -> None:
         """After an abort: this process's trials still RUNNING become FAIL (storage consistent)."""
