@@ -449,7 +449,7 @@ class Search:
         With the just-finished ``trial``: a trial that is infeasible, a repeat, or strictly
         dominated by the last written front cannot change the front or the best, so the study
         is not re-read (that read grows with the study and would run after every trial)."""
-        if not force and trial is not None and self._last_front and not self._may_change(trial):
+        if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
             return self._last_best
         rows = results.rows(study)
         front = results.pareto(rows)
