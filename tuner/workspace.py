@@ -73,6 +73,7 @@ class Workspace:
 
     task_metrics: list = field(default_factory=list)
     labels: object = None
+    user_base: Path | None = None   # the folder user metrics (file.py:function) are found relative to
 
     def use_task_metrics(self, specs: list, label_patterns: dict[str, str], base: Path) -> None:
         """Compute these task metrics in every evaluation, against these label files where given."""
@@ -80,7 +81,7 @@ class Workspace:
 
         self.task_metrics = list(specs)
         self.labels = LabelSet(label_patterns, base, len(self.eval_data)) if label_patterns else None
-        self._user_base = base
+        self.user_base = base
         self._simulator = None
 
     @property
@@ -88,7 +89,7 @@ class Workspace:
         if self._simulator is None:
             self._simulator = Simulator(self.model, self.target, self.stats, self.eval_data, self.threads,
                                         thresholds=self.thresholds, task_metrics=self.task_metrics,
-                                        labels=self.labels, user_base=getattr(self, "_user_base", None))
+                                        labels=self.labels, user_base=self.user_base)
         return self._simulator
 
     def base_candidate(self) -> Candidate:

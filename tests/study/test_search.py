@@ -291,3 +291,34 @@ def test_task_metric_objective_with_labels(tmp_path):
 
     with pytest.raises(TunerError, match="4 files match"):
         Search.open(space, results_dir=tmp_path / "results2", quiet=True)
+
+
+def test_each_trial_records_its_worker_once_when_it_is_created(tmp_path):
+    """The sampler writes the worker (host, pid) as Optuna creates the trial; the objective
+    does not write it a second time (one storage write per trial, an fsync on a journal)."""
+    space = write_tiny_space(tmp_path)
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    assert len(trials) == 6 and all(t.user_attrs["worker"]["pid"] == os.getpid() for t in trials)
+    logs = [json.loads(line) for line in search.paths.journal.read_text().splitlines()]
+    writes = [log["trial_id"] for log in logs if "worker" in (log.get("user_attr") or {})]
+    assert sorted(writes) == sorted(t._trial_id for t in trials)
+
+
+def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_path, monkeypatch):
+    """No trial meets min_accuracy 2.0, so the front stays empty: after the first write, an
+    infeasible trial returns the last result without reading the study, as a dominated one does."""
+    from tuner.study import results
+
+    space = write_tiny_space(tmp_path)
+    space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  min_accuracy: 2.0\n"))
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=4, timeout=None, jobs=1, seed=0, progress=False)
+    reads = []
+    monkeypatch.setattr(results, "rows", lambda st, real=results.rows: reads.append(st) or real(st))
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        assert search.write_results(study, trial=t) is None
+    assert reads == []
+    search.write_results(study, force=True)
+    assert len(reads) == 1

@@ -359,11 +359,11 @@ class Search:
         return len(plans)
 
     # ---------------------------------------------------------------- trials
-    def clean_zombies(self, study: optuna.Study, retry: bool = True, pids=None) -> list[int]:
+    def clean_zombies(self, study: optuna.Study, pids=None) -> list[int]:
         """RUNNING trials whose worker process on this host is gone -> FAIL (re-queued ``max_retry`` times)."""
         from tuner.study.orphans import reap
 
-        return reap(study, self.max_retry if retry else 0, pids)
+        return reap(study, self.max_retry, pids)
 
     def fail_own_running(self, study: optuna.Study) -> None:
         """After an abort: this process's trials still RUNNING become FAIL (storage consistent)."""
@@ -394,12 +394,8 @@ class Search:
         return self._done.get(key)
 
     def objective(self, trial: optuna.Trial) -> list[float] | float:
-        from tuner.study.orphans import worker_identity
-
-        # Who runs this trial (a trial of a dead process is an orphan, see orphans.py); the
-        # study's sampler already recorded it when the trial was created.
-        if "worker" not in trial.user_attrs:
-            trial.set_user_attr("worker", worker_identity())
+        # Who runs this trial is recorded by the study's sampler when the trial is created
+        # (``tag_trials`` in :meth:`sampler`; a trial of a dead process is an orphan, see orphans.py).
         if self.budget is not None and _surplus(trial, self.budget):
             raise optuna.TrialPruned("the budget was reached by other workers' trials")
         r = self.resolved
@@ -453,7 +449,7 @@ class Search:
         With the just-finished ``trial``: a trial that is infeasible, a repeat, or strictly
         dominated by the last written front cannot change the front or the best, so the study
         is not re-read (that read grows with the study and would run after every trial)."""
-        if not force and trial is not None and self._last_front and not self._may_change(trial):
+        if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
             return self._last_best
         rows = results.rows(study)
         front = results.pareto(rows)
@@ -638,14 +634,20 @@ def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path
         if storage is None and not paths.journal.exists():
             raise TunerError(f"no study {name_or_dir!r}: {paths.journal} does not exist (pass --storage URL for a "
                              "study in a database)")
-    stor = make_storage(storage, paths)
+    return _load_study(name, storage, paths), paths
+
+
+def _load_study(name: str, storage: str | None, paths: StudyPaths, hint: str = "",
+                heartbeat: float | None = HEARTBEAT_S) -> optuna.Study:
+    """The study ``name`` in ``storage`` (default: the journal in ``paths``), or one line naming
+    the studies that storage does hold (then ``hint``)."""
+    stor = make_storage(storage, paths, heartbeat=heartbeat)
     try:
-        study = optuna.load_study(study_name=name, storage=stor)
+        return optuna.load_study(study_name=name, storage=stor)
     except KeyError:
         names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
         raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; "
-                         f"it has {', '.join(names) or 'none'}") from None
-    return study, paths
+                         f"it has {', '.join(names) or 'none'}{hint}") from None
 
 
 def join_study(name: str, storage: str | None, space: str | Path | None = None, results_dir: str | Path = "results",
@@ -660,13 +662,7 @@ def join_study(name: str, storage: str | None, space: str | Path | None = None, 
     if storage is None and not paths.journal.exists():
         raise TunerError(f"no study {name!r}: {paths.journal} does not exist; pass --storage URL (the study's "
                          "database) or --results-dir")
-    stor = make_storage(storage, paths, heartbeat=None)
-    try:
-        study = optuna.load_study(study_name=name, storage=stor)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
-        raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; it has "
-                         f"{', '.join(names) or 'none'} (start it with 'tuner search SPACE --storage URL')") from None
+    study = _load_study(name, storage, paths, " (start it with 'tuner search SPACE --storage URL')", heartbeat=None)
     info = study_info(study)
     space_path = Path(space) if space is not None else Path(info["space_path"])
     if not space_path.is_file():
