@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quality_models import Prepared, prepare_ppocr_cls, prepare_ppocr_det, prepare_segdepth  # noqa: E402
-from search import Point, hypervolume  # noqa: E402
+from search import Point, copy_space, hypervolume  # noqa: E402
 
 MODELS = {"segdepth": prepare_segdepth, "ppocr_det": prepare_ppocr_det, "ppocr_cls": prepare_ppocr_cls}
 
@@ -103,15 +103,10 @@ def score_line(method: str, score, goal, task_name: str | None, evaluations: str
 def open_search(space: Path, name: str, results: Path, sampler: str | None = None, share_from: str | None = None):
     """A Search over ``space`` (optionally with another sampler); ``share_from`` copies that study's
     node-sensitivity cache, so a second method does not pay for the same pass again."""
-    import yaml
-
     from tuner.study.runner import Search
 
     if sampler is not None:
-        raw = yaml.safe_load(space.read_text(encoding="utf-8"))
-        raw.setdefault("study", {})["sampler"] = sampler
-        space = space.with_name(f"search_{name}.yaml")
-        space.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        space = copy_space(space, space.with_name(f"search_{name}.yaml"), study={"sampler": sampler})
     if share_from is not None:
         (results / name).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(results / share_from / "sensitivity.json", results / name / "sensitivity.json")
@@ -167,8 +162,6 @@ def goal_points(rs, goal) -> list[Point]:
 def task_objective(prep: Prepared) -> None:
     """Make the study's objective the labelled task metric, floored at float - 0.01 (the goal's
     second half); its first half (mean cosine) is then only checked, not optimised."""
-    import yaml
-
     from tuner.candidate import Calibration, Candidate, NodeSetting
     from tuner.workspace import Workspace
     from tuner.study.space import load_space
@@ -176,10 +169,8 @@ def task_objective(prep: Prepared) -> None:
     space = load_space(prep.space)
     ws = Workspace.for_space(space)
     ev = ws.simulator.evaluate(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in ws.graph}))
-    raw = yaml.safe_load(prep.space.read_text(encoding="utf-8"))
-    raw["objectives"]["accuracy"] = prep.labelled_metric
-    raw["objectives"]["min_accuracy"] = float(ev.task[prep.labelled_metric]) - 0.01
-    prep.space.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    copy_space(prep.space, prep.space, objectives={"accuracy": prep.labelled_metric,
+                                                   "min_accuracy": float(ev.task[prep.labelled_metric]) - 0.01})
 
 
 def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: str = "cosine") -> tuple[str, dict]:
@@ -299,8 +290,6 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     calibration fixed: every candidate is simulated, the accuracy floor is set so that about
     ``feasible_share`` of them meet it, and tuner and random search (same space, floor, seed and
     budget) are scored against the exhaustive optimum and front."""
-    import yaml
-
     from tuner.candidate import Calibration, Candidate, NodeSetting
     from tuner.study.baselines import Goal, Scorer
 
@@ -344,9 +333,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
                  + f"; {describe_candidate(resolved, dict(zip([d.param for d in resolved.decisions], opt_combo)))}"
                  f" ({n_opt} candidate(s) at that latency). The feasible Pareto front has {len(front)} points.")
     # tuner and random on the same space with the floor as the study's constraint
-    raw = yaml.safe_load(prep.space.read_text(encoding="utf-8"))
-    raw["objectives"]["min_accuracy"] = floor
-    prep.space.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    copy_space(prep.space, prep.space, objectives={"min_accuracy": floor})
     t_search, _ = open_search(prep.space, "tuner", results, share_from="enumerate")
     t_rows, t_wall = run_study(t_search, budget, seed)
     r_search, _ = open_search(prep.space, "random", results, sampler="random", share_from="enumerate")
