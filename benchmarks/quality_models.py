@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from search import SEGDEPTH, SPACE, copy_space
+from search import SPACE, copy_space, prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # tests/ppocr.py: the detector's project, shared with the tests
@@ -64,8 +63,7 @@ def _space(root: Path, base: Path, body: dict) -> Path:
 def prepare_segdepth(root: Path, top_k: int = 24, min_accuracy: float = 0.9999,
                      precision: tuple[str, ...] | None = None, calibration: dict | None = None) -> Prepared:
     """The bundled example's space; ``precision`` / ``calibration`` replace its lists (a smaller space)."""
-    if not (SEGDEPTH / "data" / "cal").is_dir() or not (SEGDEPTH / "data" / "eval").is_dir():
-        subprocess.run([sys.executable, str(SEGDEPTH / "make_data.py")], check=True)
+    prepare_data()
     nodes = {"top_k": top_k} | ({"precision": list(precision)} if precision is not None else {})
     space = copy_space(SPACE, root / "search.yaml", nodes=nodes, calibration=calibration or {},
                        objectives={"min_accuracy": min_accuracy},

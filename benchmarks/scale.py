@@ -42,19 +42,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SEGDEPTH = REPO / "examples" / "segdepth"
-SPACE = SEGDEPTH / "search.yaml"
+from search import REPO, SPACE, load, prepare_data
+
 WARM = 11  # the example's warm-start trials
-
-
-def prepare_data() -> None:
-    if not (SEGDEPTH / "data" / "eval").is_dir():
-        subprocess.run([sys.executable, str(SEGDEPTH / "make_data.py")], check=True, capture_output=True)
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def journal_trials(results: Path, study: str):
