@@ -48,12 +48,9 @@ WARM = 11  # the example's warm-start trials
 
 
 def journal_trials(results: Path, study: str):
-    import optuna
+    from tuner.study.runner import open_existing
 
-    from tuner.study.runner import StudyPaths, make_storage
-
-    stor = make_storage(None, StudyPaths(results / study), heartbeat=None)
-    return optuna.load_study(study_name=study, storage=stor).get_trials(deepcopy=False)
+    return open_existing(study, None, results)[0].get_trials(deepcopy=False)
 
 
 def steady_rate(trials) -> tuple[float, float, int]:
