@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -145,8 +146,9 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
     study = search.study(seed=0)
     # n_fill completed trials, as the search would have written them
     src = search.resolved
-    rng = __import__("random").Random(0)
+    rng = random.Random(0)
     record = None
+    dists = src.distributions()
     t0 = time.perf_counter()
     trials = []
     for i in range(n_fill):
@@ -154,14 +156,13 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
         for pname, values in src.calibration_params.items():
             params[pname] = rng.choice(values)
         if record is None:
-            ev = search.ws.simulator.evaluate(src.candidate(params))
+            cand = src.candidate(params)
+            ev = search.ws.simulator.evaluate(cand)  # the probe's stand-in evaluation returns it too
             lat = search.cost.latency(ev.plan)
             record = {"key": "", "accuracy": 0.99, "outputs": ev.outputs, "task": ev.task, "latency": lat.as_dict(),
                       "counts": ev.counts(), "calibration": {"method": "max", "requested": "max"},
-                      "candidate": src.candidate(params).to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes,
+                      "candidate": cand.to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes,
                       "notes": [], "seconds": 0.1}
-        dists = {d.param: optuna.distributions.CategoricalDistribution(list(d.choices)) for d in src.decisions}
-        dists.update({p: optuna.distributions.CategoricalDistribution(v) for p, v in src.calibration_params.items()})
         acc = 0.999 - 0.01 * rng.random()
         trials.append(optuna.trial.create_trial(
             params=params, distributions=dists, values=[acc, 1.0 + rng.random()],
@@ -174,15 +175,11 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
 
     # the probe: the real loop, a stand-in evaluation of fixed cost
     class FixedCost:
-        def __init__(self, real):
-            self.real = real
-            self.ev = real.evaluate(src.candidate(trials[0].params))
-
         def evaluate(self, cand, **kw):
             time.sleep(eval_ms / 1000)
-            return self.ev
+            return ev
 
-    search.ws._simulator = FixedCost(search.ws.simulator)
+    search.ws._simulator = FixedCost()
     timed = TimedStorage(study._storage)
     study._storage = timed
     sampler_s = [0.0]
