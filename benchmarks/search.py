@@ -166,6 +166,16 @@ def points(study) -> list[Point]:
                   key=lambda p: p.number)
 
 
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The distinct non-dominated (accuracy up, latency down) points, by latency: one sort and a
+    sweep, as ``tuner.study.results.pareto`` does for a study's rows."""
+    front: list[tuple[float, float]] = []
+    for acc, lat in sorted(set(points), key=lambda p: (p[1], -p[0])):
+        if not front or acc > front[-1][0]:
+            front.append((acc, lat))
+    return front
+
+
 def hypervolume(pts: list[Point], floor: float, ref_ms: float) -> float:
     """Area dominated by the feasible points (accuracy >= floor) above ``floor`` and left of ``ref_ms``."""
     area, best_acc = 0.0, floor
@@ -233,9 +243,7 @@ def bench_quality(tmp: Path, budgets: list[int], seed: int, incremental: bool) -
             pts = runs[m.label][b]
             feas = [p for p in pts if p.accuracy >= floor]
             hv = hypervolume(pts, floor, ref_ms)
-            front = len({(p.accuracy, p.latency_ms) for p in feas
-                         if not any(o.accuracy >= p.accuracy and o.latency_ms <= p.latency_ms
-                                    and (o.accuracy > p.accuracy or o.latency_ms < p.latency_ms) for o in feas)})
+            front = len(pareto_front([(p.accuracy, p.latency_ms) for p in feas]))
             best_ms = f"{min(p.latency_ms for p in feas):.3f}" if feas else "-"
             print(f"{b if m is METHODS[0] else '':>6}  {m.label:<12}{max(p.accuracy for p in pts):>10.6f}"
                   f"{best_ms:>15}{hv:>11.3e}{100 * hv / box:>7.1f}{f'{len(feas)}/{len(pts)}':>10}{front:>7}"

@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quality_models import Prepared, prepare_ppocr_cls, prepare_ppocr_det, prepare_segdepth  # noqa: E402
-from search import Point, copy_space, hypervolume  # noqa: E402
+from search import Point, copy_space, hypervolume, pareto_front  # noqa: E402
 
 MODELS = {"segdepth": prepare_segdepth, "ppocr_det": prepare_ppocr_det, "ppocr_cls": prepare_ppocr_cls}
 
@@ -267,15 +267,6 @@ def judge(lines: list[Line]) -> str:
 
 
 # --------------------------------------------------------------------------- exhaustive
-def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The non-dominated (accuracy up, latency down) points, by latency."""
-    front: list[tuple[float, float]] = []
-    for acc, lat in sorted(set(points), key=lambda p: (p[1], -p[0])):
-        if not front or acc > front[-1][0]:
-            front.append((acc, lat))
-    return front
-
-
 def describe_candidate(resolved, combo: dict[str, str]) -> str:
     """The decisions that differ from hb_mapper's default, e.g. 'CPU: /up_4/Resize; BPU:int16: /Add'."""
     by: dict[str, list[str]] = {}
