@@ -316,7 +316,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
         return "\n".join(lines + ["No candidate meets the goal."]) + "\n"
     opt, opt_combo = min(ok, key=lambda sc: (sc[0].latency_ms, -sc[0].accuracy))
     n_opt = sum(1 for s, _ in ok if s.latency_ms <= opt.latency_ms + 1e-9)
-    front = [p for p in pareto_front([(s.accuracy, s.latency_ms) for s, _ in ok])]
+    front = pareto_front([(s.accuracy, s.latency_ms) for s, _ in ok])
     ref_ms = 1.1 * max(s.latency_ms for s in scores)
     hv_all = hypervolume([Point(i, a, t, False) for i, (a, t) in enumerate(front)], floor, ref_ms)
     lines.append(f"Exhaustive optimum (cheapest candidate meeting the goal): {opt.latency_ms:.3f} ms, "
@@ -347,16 +347,12 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
             sc = by_key.get(r.record["key"])
             if sc is not None and (sc.accuracy, sc.latency_ms) in front_set:
                 first_at[label].setdefault((sc.accuracy, sc.latency_ms), i + 1)
-        reached = {(by_key[r.record["key"]].accuracy, by_key[r.record["key"]].latency_ms)
-                   for r in rs if r.record["key"] in by_key} & front_set
         hv = hypervolume(goal_points(rs, goal), floor, ref_ms)
         distinct = len({r.record["key"] for r in rs})
+        cheapest = f"{min(r.latency_ms for r in good):.3f}" if good else "-"
         lines.append(f"| {label} | {len(rs)} trials | {distinct} ({100 * distinct / len(grid):.1f}%) | "
-                     f"{hit if hit else f'not reached in {len(rs)}'} | "
-                     f"{min(r.latency_ms for r in good):.3f} |" if good else
-                     f"| {label} | {len(rs)} trials | {distinct} ({100 * distinct / len(grid):.1f}%) | "
-                     f"not reached in {len(rs)} | - |")
-        lines[-1] += f" {len(reached)} of {len(front)} | {100 * hv / hv_all:.1f} | {wall:.1f} |"
+                     f"{hit if good and hit else f'not reached in {len(rs)}'} | {cheapest} | "
+                     f"{len(first_at[label])} of {len(front)} | {100 * hv / hv_all:.1f} | {wall:.1f} |")
     lines += ["", "The exhaustive front (goal met) and the trial at which each method first evaluated each point:", "",
               f"| latency ms | {metric} | tuner | random |", "|---|---|---|---|"]
     for acc, lat in front:
