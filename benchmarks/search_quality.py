@@ -99,6 +99,13 @@ def score_line(method: str, score, goal, task_name: str | None, evaluations: str
                 score.counts.get("int16_nodes", 0), score.counts.get("subgraphs", 0), evaluations, wall, note)
 
 
+def float_candidate(graph):
+    """Every node on the CPU: the float model, whose task metrics the goals are floored against."""
+    from tuner.candidate import Calibration, Candidate, NodeSetting
+
+    return Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in graph})
+
+
 # --------------------------------------------------------------------------- studies
 def open_search(space: Path, name: str, results: Path, sampler: str | None = None, share_from: str | None = None):
     """A Search over ``space`` (optionally with another sampler); ``share_from`` copies that study's
@@ -162,19 +169,18 @@ def goal_points(rs, goal) -> list[Point]:
 def task_objective(prep: Prepared) -> None:
     """Make the study's objective the labelled task metric, floored at float - 0.01 (the goal's
     second half); its first half (mean cosine) is then only checked, not optimised."""
-    from tuner.candidate import Calibration, Candidate, NodeSetting
     from tuner.workspace import Workspace
     from tuner.study.space import load_space
 
     space = load_space(prep.space)
     ws = Workspace.for_space(space)
-    ev = ws.simulator.evaluate(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in ws.graph}))
+    ev = ws.simulator.evaluate(float_candidate(ws.graph))
     copy_space(prep.space, prep.space, objectives={"accuracy": prep.labelled_metric,
                                                    "min_accuracy": float(ev.task[prep.labelled_metric]) - 0.01})
 
 
 def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: str = "cosine") -> tuple[str, dict]:
-    from tuner.candidate import Calibration, Candidate, NodeSetting
+    from tuner.candidate import Calibration
     from tuner.study.baselines import Goal, Scorer, all_int8, alone_int8, greedy_revert, staged_escalation
 
     results = tmp / "results"
@@ -185,7 +191,7 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
     metric = "mean_cosine"   # the goal's metric (the study's objective may be the task metric)
     n_sens = len(tuner_search.sensitivity) + 1
     scorer = Scorer(sim, tuner_search.cost, metric)
-    float_score = scorer(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in sim.graph}))
+    float_score = scorer(float_candidate(sim.graph))
     task_name = prep.labelled_metric
     floors = ((task_name, float_score.task[task_name] - 0.01),) if task_name else ()
     goal = Goal(metric, prep.min_accuracy, floors)
@@ -281,7 +287,6 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     calibration fixed: every candidate is simulated, the accuracy floor is set so that about
     ``feasible_share`` of them meet it, and tuner and random search (same space, floor, seed and
     budget) are scored against the exhaustive optimum and front."""
-    from tuner.candidate import Calibration, Candidate, NodeSetting
     from tuner.study.baselines import Goal, Scorer
 
     cal = {"calibration_type": ["max"], "max_percentile": [1.0], "per_channel": [True]}
@@ -292,7 +297,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     metric = enum_search.space.objectives["accuracy"]
     scorer = Scorer(sim, enum_search.cost, metric)
     task_name = prep.labelled_metric
-    float_score = scorer(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in sim.graph}))
+    float_score = scorer(float_candidate(sim.graph))
     grid = list(itertools.product(*(d.choices for d in resolved.decisions)))
     calibration = resolved.calibration_from({})
     t0 = time.perf_counter()
