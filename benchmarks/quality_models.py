@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from search import SPACE, copy_space, prepare_data
+
 REPO = Path(__file__).resolve().parents[1]
-SEGDEPTH = REPO / "examples" / "segdepth"
 sys.path.insert(0, str(REPO / "tests"))  # tests/ppocr.py: the detector's project, shared with the tests
 
 CLS_MODEL = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -63,21 +63,12 @@ def _space(root: Path, base: Path, body: dict) -> Path:
 def prepare_segdepth(root: Path, top_k: int = 24, min_accuracy: float = 0.9999,
                      precision: tuple[str, ...] | None = None, calibration: dict | None = None) -> Prepared:
     """The bundled example's space; ``precision`` / ``calibration`` replace its lists (a smaller space)."""
-    if not (SEGDEPTH / "data" / "cal").is_dir() or not (SEGDEPTH / "data" / "eval").is_dir():
-        subprocess.run([sys.executable, str(SEGDEPTH / "make_data.py")], check=True)
-    raw = yaml.safe_load((SEGDEPTH / "search.yaml").read_text(encoding="utf-8"))
-    raw.pop("base")
-    raw["eval_data"] = str((SEGDEPTH / raw["eval_data"]).resolve())
-    raw["labels"] = {k: str((SEGDEPTH / v).resolve()) for k, v in raw["labels"].items()}
-    raw["nodes"]["top_k"] = top_k
-    if precision is not None:
-        raw["nodes"]["precision"] = list(precision)
-    if calibration is not None:
-        raw["calibration"] = calibration
-    raw["objectives"]["min_accuracy"] = min_accuracy
-    raw["study"].pop("name", None)
-    root.mkdir(parents=True, exist_ok=True)
-    return Prepared("segdepth", _space(root, SEGDEPTH / "hb_config.yaml", raw), min_accuracy, "miou:seg",
+    prepare_data()
+    nodes = {"top_k": top_k} | ({"precision": list(precision)} if precision is not None else {})
+    space = copy_space(SPACE, root / "search.yaml", nodes=nodes, calibration=calibration or {},
+                       objectives={"min_accuracy": min_accuracy},
+                       study={"name": None})  # the benchmark names its studies
+    return Prepared("segdepth", space, min_accuracy, "miou:seg",
                     "bundled example, 16 held-out synthetic scenes with labels")
 
 

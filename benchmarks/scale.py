@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -42,28 +43,15 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SEGDEPTH = REPO / "examples" / "segdepth"
-SPACE = SEGDEPTH / "search.yaml"
+from search import REPO, SPACE, load, prepare_data
+
 WARM = 11  # the example's warm-start trials
 
 
-def prepare_data() -> None:
-    if not (SEGDEPTH / "data" / "eval").is_dir():
-        subprocess.run([sys.executable, str(SEGDEPTH / "make_data.py")], check=True, capture_output=True)
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def journal_trials(results: Path, study: str):
-    import optuna
+    from tuner.study.runner import open_existing
 
-    from tuner.study.runner import StudyPaths, make_storage
-
-    stor = make_storage(None, StudyPaths(results / study), heartbeat=None)
-    return optuna.load_study(study_name=study, storage=stor).get_trials(deepcopy=False)
+    return open_existing(study, None, results)[0].get_trials(deepcopy=False)
 
 
 def steady_rate(trials) -> tuple[float, float, int]:
@@ -158,8 +146,9 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
     study = search.study(seed=0)
     # n_fill completed trials, as the search would have written them
     src = search.resolved
-    rng = __import__("random").Random(0)
+    rng = random.Random(0)
     record = None
+    dists = src.distributions()
     t0 = time.perf_counter()
     trials = []
     for i in range(n_fill):
@@ -167,14 +156,13 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
         for pname, values in src.calibration_params.items():
             params[pname] = rng.choice(values)
         if record is None:
-            ev = search.ws.simulator.evaluate(src.candidate(params))
+            cand = src.candidate(params)
+            ev = search.ws.simulator.evaluate(cand)  # the probe's stand-in evaluation returns it too
             lat = search.cost.latency(ev.plan)
             record = {"key": "", "accuracy": 0.99, "outputs": ev.outputs, "task": ev.task, "latency": lat.as_dict(),
                       "counts": ev.counts(), "calibration": {"method": "max", "requested": "max"},
-                      "candidate": src.candidate(params).to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes,
+                      "candidate": cand.to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes,
                       "notes": [], "seconds": 0.1}
-        dists = {d.param: optuna.distributions.CategoricalDistribution(list(d.choices)) for d in src.decisions}
-        dists.update({p: optuna.distributions.CategoricalDistribution(v) for p, v in src.calibration_params.items()})
         acc = 0.999 - 0.01 * rng.random()
         trials.append(optuna.trial.create_trial(
             params=params, distributions=dists, values=[acc, 1.0 + rng.random()],
@@ -187,15 +175,11 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
 
     # the probe: the real loop, a stand-in evaluation of fixed cost
     class FixedCost:
-        def __init__(self, real):
-            self.real = real
-            self.ev = real.evaluate(src.candidate(trials[0].params))
-
         def evaluate(self, cand, **kw):
             time.sleep(eval_ms / 1000)
-            return self.ev
+            return ev
 
-    search.ws._simulator = FixedCost(search.ws.simulator)
+    search.ws._simulator = FixedCost()
     timed = TimedStorage(study._storage)
     study._storage = timed
     sampler_s = [0.0]

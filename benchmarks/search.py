@@ -23,9 +23,9 @@ when missing), with fresh temporary results folders and a fresh temporary ``TUNE
      search);
    * ``random+warm``: random sampler, after the same warm-start trials as ``tpe``.
 
-   The spaces are copies of the shipped one in a temporary folder (``base`` and ``eval_data``
-   rewritten to absolute paths, ``study.sampler`` changed); their free nodes and choices are checked
-   to be the same for every method. For each budget B: the best accuracy over the completed trials,
+   The spaces are copies of the shipped one in a temporary folder (its paths -- ``base``,
+   ``eval_data``, ``labels`` -- made absolute, ``study.sampler`` changed); their free nodes and
+   choices are checked to be the same for every method. For each budget B: the best accuracy over the completed trials,
    the lowest modeled latency among feasible trials (accuracy >= ``objectives.min_accuracy``), the
    hypervolume of the feasible Pareto front (accuracy up, latency down) and the number of trials
    answered from storage (records with ``duplicate_of``, which still count as completed trials).
@@ -127,16 +127,33 @@ class Method:
 METHODS = (Method("tpe", "tpe", True), Method("random", "random", False), Method("random+warm", "random", True))
 
 
-def write_space(folder: Path, sampler: str) -> Path:
-    """A copy of the shipped space with absolute paths (temporary folder only) and another sampler."""
+def copy_space(src: Path, out: Path, **sections: dict) -> Path:
+    """Write the space file ``src`` to ``out`` (a temporary folder only: the paths it writes are
+    absolute), each of ``sections``' keys set in that section (``study={"sampler": "random"}``).
+
+    Every path the space resolves against its own folder (``base``, ``eval_data``, ``labels``,
+    ``profile``, a ``march`` table file) is made absolute, so the copy evaluates on the same
+    model, data and labels from anywhere; ``out`` may be ``src`` (edited in place)."""
     import yaml
 
-    raw = yaml.safe_load(SPACE.read_text(encoding="utf-8"))
-    raw["base"] = str((SEGDEPTH / raw["base"]).resolve())
+    raw = yaml.safe_load(src.read_text(encoding="utf-8"))
+    here = src.parent
+
+    def absolute(path: str) -> str:
+        return str((here / path).resolve())
+
+    for key in ("base", "profile"):
+        if raw.get(key):
+            raw[key] = absolute(raw[key])
+    if isinstance(raw.get("march"), str) and raw["march"].endswith((".yaml", ".yml")):
+        raw["march"] = absolute(raw["march"])
     if raw.get("eval_data"):
-        raw["eval_data"] = ";".join(str((SEGDEPTH / p).resolve()) for p in str(raw["eval_data"]).split(";"))
-    raw.setdefault("study", {})["sampler"] = sampler
-    out = folder / f"search_{sampler}.yaml"
+        raw["eval_data"] = ";".join(absolute(p) for p in str(raw["eval_data"]).split(";"))
+    if raw.get("labels"):
+        raw["labels"] = {k: absolute(v) for k, v in raw["labels"].items()}
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     return out
 
@@ -147,6 +164,16 @@ def points(study) -> list[Point]:
 
     return sorted((Point(r.number, r.accuracy, r.latency_ms, "duplicate_of" in r.record) for r in rows(study)),
                   key=lambda p: p.number)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The distinct non-dominated (accuracy up, latency down) points, by latency: one sort and a
+    sweep, as ``tuner.study.results.pareto`` does for a study's rows."""
+    front: list[tuple[float, float]] = []
+    for acc, lat in sorted(set(points), key=lambda p: (p[1], -p[0])):
+        if not front or acc > front[-1][0]:
+            front.append((acc, lat))
+    return front
 
 
 def hypervolume(pts: list[Point], floor: float, ref_ms: float) -> float:
@@ -163,7 +190,7 @@ def run_method(tmp: Path, method: Method, budgets: list[int], seed: int, increme
     """The method's completed trials at each budget, its free decisions, and the set-up time."""
     from tuner.study.runner import Search, run
 
-    space = write_space(tmp / "spaces", method.sampler)
+    space = copy_space(SPACE, tmp / "spaces" / f"search_{method.sampler}.yaml", study={"sampler": method.sampler})
     t0 = time.perf_counter()
     search = Search.open(space, name=method.label, results_dir=tmp / "quality", quiet=True)
     open_s = time.perf_counter() - t0
@@ -189,7 +216,6 @@ def bench_quality(tmp: Path, budgets: list[int], seed: int, incremental: bool) -
     from tuner.study.space import load_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    (tmp / "spaces").mkdir(parents=True, exist_ok=True)
     objectives = load_space(SPACE).objectives
     floor = float(objectives["min_accuracy"])
     how = "one run() per budget, resumed with the same seed" if incremental else \
@@ -217,9 +243,7 @@ def bench_quality(tmp: Path, budgets: list[int], seed: int, incremental: bool) -
             pts = runs[m.label][b]
             feas = [p for p in pts if p.accuracy >= floor]
             hv = hypervolume(pts, floor, ref_ms)
-            front = len({(p.accuracy, p.latency_ms) for p in feas
-                         if not any(o.accuracy >= p.accuracy and o.latency_ms <= p.latency_ms
-                                    and (o.accuracy > p.accuracy or o.latency_ms < p.latency_ms) for o in feas)})
+            front = len(pareto_front([(p.accuracy, p.latency_ms) for p in feas]))
             best_ms = f"{min(p.latency_ms for p in feas):.3f}" if feas else "-"
             print(f"{b if m is METHODS[0] else '':>6}  {m.label:<12}{max(p.accuracy for p in pts):>10.6f}"
                   f"{best_ms:>15}{hv:>11.3e}{100 * hv / box:>7.1f}{f'{len(feas)}/{len(pts)}':>10}{front:>7}"

@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from quality_models import Prepared, prepare_ppocr_cls, prepare_ppocr_det, prepare_segdepth  # noqa: E402
-from search import Point, hypervolume  # noqa: E402
+from search import Point, copy_space, hypervolume, pareto_front  # noqa: E402
 
 MODELS = {"segdepth": prepare_segdepth, "ppocr_det": prepare_ppocr_det, "ppocr_cls": prepare_ppocr_cls}
 
@@ -99,19 +99,21 @@ def score_line(method: str, score, goal, task_name: str | None, evaluations: str
                 score.counts.get("int16_nodes", 0), score.counts.get("subgraphs", 0), evaluations, wall, note)
 
 
+def float_candidate(graph):
+    """Every node on the CPU: the float model, whose task metrics the goals are floored against."""
+    from tuner.candidate import Calibration, Candidate, NodeSetting
+
+    return Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in graph})
+
+
 # --------------------------------------------------------------------------- studies
 def open_search(space: Path, name: str, results: Path, sampler: str | None = None, share_from: str | None = None):
     """A Search over ``space`` (optionally with another sampler); ``share_from`` copies that study's
     node-sensitivity cache, so a second method does not pay for the same pass again."""
-    import yaml
-
     from tuner.study.runner import Search
 
     if sampler is not None:
-        raw = yaml.safe_load(space.read_text(encoding="utf-8"))
-        raw.setdefault("study", {})["sampler"] = sampler
-        space = space.with_name(f"search_{name}.yaml")
-        space.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        space = copy_space(space, space.with_name(f"search_{name}.yaml"), study={"sampler": sampler})
     if share_from is not None:
         (results / name).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(results / share_from / "sensitivity.json", results / name / "sensitivity.json")
@@ -167,23 +169,18 @@ def goal_points(rs, goal) -> list[Point]:
 def task_objective(prep: Prepared) -> None:
     """Make the study's objective the labelled task metric, floored at float - 0.01 (the goal's
     second half); its first half (mean cosine) is then only checked, not optimised."""
-    import yaml
-
-    from tuner.candidate import Calibration, Candidate, NodeSetting
     from tuner.workspace import Workspace
     from tuner.study.space import load_space
 
     space = load_space(prep.space)
     ws = Workspace.for_space(space)
-    ev = ws.simulator.evaluate(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in ws.graph}))
-    raw = yaml.safe_load(prep.space.read_text(encoding="utf-8"))
-    raw["objectives"]["accuracy"] = prep.labelled_metric
-    raw["objectives"]["min_accuracy"] = float(ev.task[prep.labelled_metric]) - 0.01
-    prep.space.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    ev = ws.simulator.evaluate(float_candidate(ws.graph))
+    copy_space(prep.space, prep.space, objectives={"accuracy": prep.labelled_metric,
+                                                   "min_accuracy": float(ev.task[prep.labelled_metric]) - 0.01})
 
 
 def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: str = "cosine") -> tuple[str, dict]:
-    from tuner.candidate import Calibration, Candidate, NodeSetting
+    from tuner.candidate import Calibration
     from tuner.study.baselines import Goal, Scorer, all_int8, alone_int8, greedy_revert, staged_escalation
 
     results = tmp / "results"
@@ -194,7 +191,7 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
     metric = "mean_cosine"   # the goal's metric (the study's objective may be the task metric)
     n_sens = len(tuner_search.sensitivity) + 1
     scorer = Scorer(sim, tuner_search.cost, metric)
-    float_score = scorer(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in sim.graph}))
+    float_score = scorer(float_candidate(sim.graph))
     task_name = prep.labelled_metric
     floors = ((task_name, float_score.task[task_name] - 0.01),) if task_name else ()
     goal = Goal(metric, prep.min_accuracy, floors)
@@ -276,15 +273,6 @@ def judge(lines: list[Line]) -> str:
 
 
 # --------------------------------------------------------------------------- exhaustive
-def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The non-dominated (accuracy up, latency down) points, by latency."""
-    front: list[tuple[float, float]] = []
-    for acc, lat in sorted(set(points), key=lambda p: (p[1], -p[0])):
-        if not front or acc > front[-1][0]:
-            front.append((acc, lat))
-    return front
-
-
 def describe_candidate(resolved, combo: dict[str, str]) -> str:
     """The decisions that differ from hb_mapper's default, e.g. 'CPU: /up_4/Resize; BPU:int16: /Add'."""
     by: dict[str, list[str]] = {}
@@ -299,9 +287,6 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     calibration fixed: every candidate is simulated, the accuracy floor is set so that about
     ``feasible_share`` of them meet it, and tuner and random search (same space, floor, seed and
     budget) are scored against the exhaustive optimum and front."""
-    import yaml
-
-    from tuner.candidate import Calibration, Candidate, NodeSetting
     from tuner.study.baselines import Goal, Scorer
 
     cal = {"calibration_type": ["max"], "max_percentile": [1.0], "per_channel": [True]}
@@ -312,7 +297,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     metric = enum_search.space.objectives["accuracy"]
     scorer = Scorer(sim, enum_search.cost, metric)
     task_name = prep.labelled_metric
-    float_score = scorer(Candidate.make(Calibration("max"), {n.name: NodeSetting(on="CPU") for n in sim.graph}))
+    float_score = scorer(float_candidate(sim.graph))
     grid = list(itertools.product(*(d.choices for d in resolved.decisions)))
     calibration = resolved.calibration_from({})
     t0 = time.perf_counter()
@@ -336,7 +321,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
         return "\n".join(lines + ["No candidate meets the goal."]) + "\n"
     opt, opt_combo = min(ok, key=lambda sc: (sc[0].latency_ms, -sc[0].accuracy))
     n_opt = sum(1 for s, _ in ok if s.latency_ms <= opt.latency_ms + 1e-9)
-    front = [p for p in pareto_front([(s.accuracy, s.latency_ms) for s, _ in ok])]
+    front = pareto_front([(s.accuracy, s.latency_ms) for s, _ in ok])
     ref_ms = 1.1 * max(s.latency_ms for s in scores)
     hv_all = hypervolume([Point(i, a, t, False) for i, (a, t) in enumerate(front)], floor, ref_ms)
     lines.append(f"Exhaustive optimum (cheapest candidate meeting the goal): {opt.latency_ms:.3f} ms, "
@@ -344,9 +329,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
                  + f"; {describe_candidate(resolved, dict(zip([d.param for d in resolved.decisions], opt_combo)))}"
                  f" ({n_opt} candidate(s) at that latency). The feasible Pareto front has {len(front)} points.")
     # tuner and random on the same space with the floor as the study's constraint
-    raw = yaml.safe_load(prep.space.read_text(encoding="utf-8"))
-    raw["objectives"]["min_accuracy"] = floor
-    prep.space.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    copy_space(prep.space, prep.space, objectives={"min_accuracy": floor})
     t_search, _ = open_search(prep.space, "tuner", results, share_from="enumerate")
     t_rows, t_wall = run_study(t_search, budget, seed)
     r_search, _ = open_search(prep.space, "random", results, sampler="random", share_from="enumerate")
@@ -369,16 +352,12 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
             sc = by_key.get(r.record["key"])
             if sc is not None and (sc.accuracy, sc.latency_ms) in front_set:
                 first_at[label].setdefault((sc.accuracy, sc.latency_ms), i + 1)
-        reached = {(by_key[r.record["key"]].accuracy, by_key[r.record["key"]].latency_ms)
-                   for r in rs if r.record["key"] in by_key} & front_set
         hv = hypervolume(goal_points(rs, goal), floor, ref_ms)
         distinct = len({r.record["key"] for r in rs})
+        cheapest = f"{min(r.latency_ms for r in good):.3f}" if good else "-"
         lines.append(f"| {label} | {len(rs)} trials | {distinct} ({100 * distinct / len(grid):.1f}%) | "
-                     f"{hit if hit else f'not reached in {len(rs)}'} | "
-                     f"{min(r.latency_ms for r in good):.3f} |" if good else
-                     f"| {label} | {len(rs)} trials | {distinct} ({100 * distinct / len(grid):.1f}%) | "
-                     f"not reached in {len(rs)} | - |")
-        lines[-1] += f" {len(reached)} of {len(front)} | {100 * hv / hv_all:.1f} | {wall:.1f} |"
+                     f"{hit if good and hit else f'not reached in {len(rs)}'} | {cheapest} | "
+                     f"{len(first_at[label])} of {len(front)} | {100 * hv / hv_all:.1f} | {wall:.1f} |")
     lines += ["", "The exhaustive front (goal met) and the trial at which each method first evaluated each point:", "",
               f"| latency ms | {metric} | tuner | random |", "|---|---|---|---|"]
     for acc, lat in front:
