@@ -38,11 +38,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from search import prepare_data  # benchmarks/search.py: writes the example's data when missing
 
 REPO = Path(__file__).resolve().parents[1]
 SEGDEPTH = REPO / "examples" / "segdepth"
@@ -62,9 +63,7 @@ def prepare_segdepth() -> tuple[Path, Path | None] | None:
     if not cfg.is_file() or not (SEGDEPTH / "segdepth.onnx").is_file():
         print(f"segdepth: skipped ({cfg.relative_to(REPO)} or segdepth.onnx is missing)")
         return None
-    if not (SEGDEPTH / "data" / "cal").is_dir() or not (SEGDEPTH / "data" / "eval").is_dir():
-        print("segdepth: writing its data with examples/segdepth/make_data.py ...", flush=True)
-        subprocess.run([sys.executable, str(SEGDEPTH / "make_data.py")], check=True)
+    prepare_data()
     return cfg, SEGDEPTH / "data" / "eval"
 
 
