@@ -40,12 +40,14 @@ class Workspace:
     @classmethod
     def open(cls, config_path: str | Path, data: list[Path] | None = None, limit: int | None = None,
              march: str | None = None, threads: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> "Workspace":
+             progress: Callable[[int, int], None] | None = None, hb_optimize: bool = True) -> "Workspace":
+        """``hb_optimize=False`` simulates the exported graph as it is, without hb_mapper's graph
+        rewrites (tuner.graph.optimize): for comparisons with onnxruntime's own quantizer."""
         config = load_config(config_path)
         target = load_target(march or config.march)
         shapes = {s.name: s.shape for s in config.inputs if s.shape is not None}
-        model = load_model(config.onnx_model, shapes, target.max_opset, target.max_ir_version)
-        graph = Graph(model.proto)
+        model = load_model(config.onnx_model, shapes, target.max_opset, target.max_ir_version, hb_optimize)
+        graph = Graph(model.proto, model.names)
         cal = dataset_from_config(config.inputs, model.input_shapes)
         ev = dataset_from_config(config.inputs, model.input_shapes, folders=data, limit=limit) if data else cal
         if limit and not data:

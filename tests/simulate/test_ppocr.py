@@ -76,8 +76,11 @@ def projects(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def folded(projects):
-    """The folded detector with the simulator set to onnxruntime's placement semantics."""
-    ws = Workspace.open(projects["folded"])
+    """The folded detector with the simulator set to onnxruntime's placement semantics, on the graph as
+    exported: quantize_static quantizes that graph, while hb_mapper's optimizer first fuses each
+    x * clip(x + 3, 0, 6) / 6 into one HardSwish LUT and lowers Muls by constants to convolutions
+    (hb_quantizer_facts section 5, tuner.graph.optimize), which are differences by design."""
+    ws = Workspace.open(projects["folded"], hb_optimize=False)
     ws.target = ort_semantics(ws.target)
     ws._simulator = None
     return ws
@@ -157,8 +160,7 @@ def test_b_simulator_ranks_calibration_methods_like_onnxruntime(folded):
         key = cal.describe()
         sim[key] = folded.simulator.evaluate(Candidate.make(cal)).mean_cosine
         ort[key] = cosine_vs_float(folded, ort_own_qdq(folded, method, percentile))
-    real = Workspace.open(folded.config.path)
-    assert real.stats_from_cache  # the same statistics, no second data pass
+    real = Workspace.open(folded.config.path)   # bayes-e rules on the graph hb_mapper calibrates
     for cal, _, _ in SETTINGS:
         bayes[cal.describe()] = real.simulator.evaluate(Candidate.make(cal)).mean_cosine
     report = "\n".join(f"{k:40s} sim {sim[k]:.4f}  ort {ort[k]:.4f}  sim(bayes-e) {bayes[k]:.4f}" for k in sim)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from tuner.errors import TunerError
+from tuner.graph.optimize import NameMap, hz_kind
 
 # Inputs that carry data (and so get quantized on the BPU); other inputs are shapes, indices,
 # scales or conditions. Ops not listed: every input is a data input.
@@ -67,7 +68,9 @@ class Node:
 class Graph:
     """Nodes in topological order with producer/consumer maps. Read-only."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, names: NameMap | None = None):
+        #: what hb_mapper's optimizer (tuner.graph.optimize) changed, for names of the user's ONNX
+        self.names = names if names is not None else NameMap()
         g = model.graph
         self.initializers = {t.name: t for t in g.initializer}
         self.input_names = [i.name for i in g.input if i.name not in self.initializers]
@@ -101,7 +104,8 @@ class Graph:
             ordered = toposort(protos, available)
         except ValueError as exc:
             raise TunerError(f"{exc}; check the model with onnx.checker") from None
-        return [Node(p.name, p.op_type, list(p.input), list(p.output), i, p) for i, p in enumerate(ordered)]
+        return [Node(p.name, hz_kind(p.op_type, p.domain), list(p.input), list(p.output), i, p)
+                for i, p in enumerate(ordered)]
 
     def is_float(self, tensor: str) -> bool:
         return self.dtypes.get(tensor) == onnx.TensorProto.FLOAT
@@ -144,6 +148,10 @@ class Graph:
         try:
             return self.by_name[name]
         except KeyError:
+            removed = self.names.removed(name)
+            if removed is not None:
+                raise TunerError(f"node {name!r} ({removed.op_type}) is not in the graph hb_mapper calibrates: "
+                                 f"{removed.reason} by its optimizer; drop it from node_info") from None
             close = [n for n in self.by_name if name.lower() in n.lower()][:3]
             hint = f"; similar: {', '.join(close)}" if close else ""
             raise TunerError(f"node {name!r} is not in the model{hint}. node_info keys are node names of the input ONNX") from None

@@ -74,15 +74,23 @@ def load_target(march_or_path: str | Path) -> Target:
                 steps.append(FusionStep(frozenset(step.rstrip("?").split("|")), optional))
             patterns.append(tuple(steps))
         limits = raw.get("model_limits") or {}
+        fused = {str(k): str(v) for k, v in (raw.get("fused_ops") or {}).items()}
+
+        def ops(key: str) -> frozenset[str]:
+            """A table's op set, with the fused kinds whose "like" op is in it."""
+            base = frozenset(raw.get(key) or ())
+            return base | {kind for kind, like in fused.items() if like in base}
+
         return Target(
-            march=raw["march"], bpu_ops=frozenset(raw.get("bpu_ops") or ()),
-            bpu_default_cpu=frozenset(raw.get("bpu_default_cpu") or ()),
-            int16_ops=frozenset(raw.get("int16_ops") or ()),
-            int16_input_only=frozenset(raw.get("int16_input_only") or ()),
-            weight_ops=weight_ops, int32_output_ops=frozenset(raw.get("int32_output_ops") or ()),
+            march=raw["march"], bpu_ops=ops("bpu_ops"),
+            bpu_default_cpu=ops("bpu_default_cpu"),
+            int16_ops=ops("int16_ops"),
+            int16_input_only=ops("int16_input_only"),
+            weight_ops=weight_ops, int32_output_ops=ops("int32_output_ops"),
             passive_ops=frozenset(raw.get("passive_ops") or ()),
             same_scale_ops=frozenset(raw.get("same_scale_ops") or ()),
-            lut_ops=frozenset(raw.get("lut_ops") or ()), quantize_bias=bool(raw.get("quantize_bias", True)),
+            lut_ops=ops("lut_ops") - {k for k, v in fused.items() if v not in ("Sigmoid", "HardSigmoid", "Tanh", "Erf")},
+            quantize_bias=bool(raw.get("quantize_bias", True)),
             fusion_patterns=tuple(patterns), max_opset=limits.get("max_opset"),
             max_ir_version=limits.get("max_ir_version"), raw=raw)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

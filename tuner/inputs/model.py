@@ -16,6 +16,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from tuner.errors import TunerError
+from tuner.graph.optimize import NameMap, optimize
 
 FLOAT = onnx.TensorProto.FLOAT
 
@@ -31,6 +32,8 @@ class LoadedModel:
     opset: int
     ir_version: int
     warnings: list[str] = field(default_factory=list)
+    #: what hb_mapper's optimizer changed (tuner.graph.optimize); ``proto`` is the optimized graph
+    names: NameMap = field(default_factory=NameMap)
 
     @property
     def input_names(self) -> list[str]:
@@ -62,8 +65,13 @@ def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 
 
 def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
-               max_opset: int | None = None, max_ir: int | None = None) -> LoadedModel:
-    """Load ``path`` and prepare it. ``input_shapes`` overrides the model's (YAML input_shape)."""
+               max_opset: int | None = None, max_ir: int | None = None, hb_optimize: bool = True) -> LoadedModel:
+    """Load ``path`` and prepare it. ``input_shapes`` overrides the model's (YAML input_shape).
+
+    With ``hb_optimize`` (the default) the model is then rewritten as hb_mapper's optimizer
+    rewrites it before calibration (:mod:`tuner.graph.optimize`); without, it is the exported
+    graph as it is (onnxruntime's own quantizer sees that one: the oracle tests use it).
+    """
     path = Path(path)
     if not path.is_file():
         raise TunerError(f"{path}: model file not found; check model_parameters.onnx_model "
@@ -75,6 +83,7 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if len(proto.graph.node) == 0:
         raise TunerError(f"{path}: not an ONNX model (no graph nodes); export the float model to ONNX first")
     warnings: list[str] = []
+    ir_version = proto.ir_version
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     if max_opset is not None and opset > max_opset:
         warnings.append(f"the model uses opset {opset}; hb_mapper for this march takes opset <= {max_opset} "
@@ -122,8 +131,14 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
         proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise TunerError(f"{path}: ONNX shape inference failed ({exc}); check input_shape") from None
+    names = NameMap()
+    if hb_optimize:
+        proto, names = optimize(proto)
+        if names:
+            del proto.graph.value_info[:]
+            proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     return LoadedModel(path=path, proto=proto, fingerprint=file_fingerprint(path), input_shapes=shapes,
-                       opset=opset, ir_version=proto.ir_version, warnings=warnings)
+                       opset=opset, ir_version=ir_version, warnings=warnings, names=names)
 
 
 def _fold_constants(proto: onnx.ModelProto) -> None:

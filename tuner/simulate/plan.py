@@ -64,9 +64,18 @@ def _check_names(graph: Graph, candidate: Candidate) -> None:
         graph.node(unknown[0])  # raises a TunerError with close matches
 
 
+def hb_candidate(graph: Graph, candidate: Candidate) -> tuple[Candidate, list[str]]:
+    """``candidate`` with node_info addressed to the graph hb_mapper calibrates (tuner.graph.optimize):
+    entries under ONNX names the optimizer replaced go to the nodes standing for them."""
+    if not any(name in graph.names.rewrites for name, _ in candidate.nodes):
+        return candidate, []
+    nodes, notes = graph.names.translate(tuple((n, s.to_dict()) for n, s in candidate.nodes), set(graph.by_name))
+    return Candidate.make(candidate.calibration, nodes, candidate.optimization), notes
+
+
 def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
+    candidate, notes = hb_candidate(graph, candidate)
     _check_names(graph, candidate)
-    notes: list[str] = []
     opts = set(candidate.optimization)
     all_int16 = "set_all_nodes_int16" in opts
     softmax_bpu = bool({"set_Softmax_input_int8", "set_Softmax_output_int8"} & opts)

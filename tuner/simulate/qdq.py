@@ -246,6 +246,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     for field_name in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
         setattr(model, field_name, getattr(base, field_name))
     model.opset_import.extend(base.opset_import)
+    model.functions.extend(base.functions)   # fused activations (tuner.graph.optimize)
     g, mg = base.graph, model.graph
     mg.name = g.name
     mg.input.extend(g.input)

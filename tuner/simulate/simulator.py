@@ -89,7 +89,7 @@ class Simulator:
         self.task_metrics = list(task_metrics or [])   # tuner.metrics.task.MetricSpec
         self.labels = labels                           # tuner.metrics.task.LabelSet or None
         self.user_fns = load_user_metrics(self.task_metrics, user_base)
-        self.graph = Graph(model.proto)
+        self.graph = Graph(model.proto, model.names)
         # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
         # (same values, bit for bit; tuner.simulate.fakequant).
         self.fused = fakequant.library() is not None

@@ -1,0 +1,216 @@
+"""The graph hb_mapper calibrates (tuner.graph.optimize): rewrites, names, and what the plan sees."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.candidate import Candidate
+from tuner.errors import TunerError
+from tuner.graph import Graph, load_target
+from tuner.graph.optimize import optimize
+from tuner.simulate.plan import make_plan
+
+SHAPE = [1, 4, 8, 8]
+
+
+def _conv(name, x, out, rng, cin=4, cout=4):
+    w = numpy_helper.from_array((rng.standard_normal((cout, cin, 3, 3)) * 0.3).astype(np.float32), f"{name}.w")
+    return helper.make_node("Conv", [x, w.name], [out], name=name, pads=[1] * 4), w
+
+
+def _model(nodes, inits, outputs=("y",), opset=11):
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def _const(name, value):
+    return numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+
+def _run(model, x):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def _same_function(a, b):
+    x = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32) * 4
+    for u, v in zip(_run(a, x), _run(b, x)):
+        np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target("bayes-e")
+
+
+def identity_chain():
+    """PP-OCR exports put Identity nodes between convolutions."""
+    rng = np.random.default_rng(0)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "a_id", "b", rng)
+    c3, w3 = _conv("/c3", "b_id", "y", rng)
+    nodes = [c1, helper.make_node("Identity", ["a"], ["a_id"], name="/id1"), c2,
+             helper.make_node("Identity", ["b"], ["b_id"], name="/id2"), c3]
+    return _model(nodes, [w1, w2, w3])
+
+
+def test_identities_are_removed_and_the_all_bpu_plan_is_one_subgraph(target):
+    before = identity_chain()
+    as_exported = make_plan(Graph(before), target, Candidate.make())
+    assert as_exported.n_subgraphs == 3 and len(as_exported.cpu_nodes) == 2   # what tuner did before
+
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert [n.op_type for n in graph] == ["Conv", "Conv", "Conv"]
+    plan = make_plan(graph, target, Candidate.make())
+    assert plan.n_subgraphs == 1 and plan.cpu_nodes == []
+    _same_function(before, model)
+
+
+def test_node_info_on_a_removed_node_is_a_note_not_an_error(target):
+    model, names = optimize(identity_chain())
+    graph = Graph(model, names)
+    plan = make_plan(graph, target, Candidate.make(nodes={"/id1": {"ON": "CPU"}}))
+    assert plan.cpu_nodes == []
+    assert any("'/id1'" in n and "Identity removed" in n and "no effect" in n for n in plan.notes)
+    with pytest.raises(TunerError, match="not in the graph hb_mapper calibrates: Identity removed"):
+        graph.node("/id1")
+    with pytest.raises(TunerError, match="is not in the model"):
+        graph.node("/nope")
+
+
+def test_an_identity_writing_a_graph_output_hands_the_name_to_its_producer():
+    rng = np.random.default_rng(0)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    before = _model([c1, helper.make_node("Identity", ["a"], ["y"], name="/out_id")], [w1])
+    model, names = optimize(before)
+    assert [n.name for n in model.graph.node] == ["/c1"] and list(model.graph.node[0].output) == ["y"]
+    _same_function(before, model)
+
+
+def silu_model():
+    rng = np.random.default_rng(1)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "s", "y", rng)
+    nodes = [c1, helper.make_node("Sigmoid", ["a"], ["sig"], name="/act/Sigmoid"),
+             helper.make_node("Mul", ["a", "sig"], ["s"], name="/act/Mul"), c2]
+    return _model(nodes, [w1, w2])
+
+
+def test_silu_is_one_lut_named_after_its_mul_and_quantized_once_in_and_out(target):
+    before = silu_model()
+    plain = make_plan(Graph(before), target, Candidate.make())
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert [(n.name, n.op_type) for n in graph] == [("/c1", "Conv"), ("/act/Mul", "HzSwish"), ("/c2", "Conv")]
+    plan = make_plan(graph, target, Candidate.make())
+    # One quantization point on x (the LUT's input) and one on its output; the exported graph had
+    # a third one, on sigmoid(x) at the Mul's input.
+    assert sorted(t for t, _ in plan.edges.values()) == ["a", "s", "x"]
+    assert "sig" in {t for t, _ in plain.edges.values()}
+    _same_function(before, model)
+
+
+def test_node_info_under_the_onnx_names_of_a_fused_region_reaches_the_fused_node(target):
+    model, names = optimize(silu_model())
+    graph = Graph(model, names)
+    plan = make_plan(graph, target, Candidate.make(nodes={"/act/Sigmoid": {"ON": "CPU"}}))
+    assert plan.cpu_nodes == ["/act/Mul"]
+    assert any("fused into HzSwish" in n for n in plan.notes)
+    # the fused node's own name wins over an entry lent by a member
+    plan = make_plan(graph, target, Candidate.make(nodes={"/act/Sigmoid": {"ON": "CPU"}, "/act/Mul": {"ON": "BPU"}}))
+    assert plan.cpu_nodes == []
+
+
+def test_sigmoid_times_a_constant_is_no_silu():
+    rng = np.random.default_rng(2)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    before = _model([c1, helper.make_node("Sigmoid", ["a"], ["sig"], name="/Sigmoid"),
+                     helper.make_node("Mul", ["sig", "k"], ["y"], name="/Mul")], [w1, _const("k", [80.0])])
+    model, _ = optimize(before)
+    assert [n.op_type for n in Graph(model)] == ["Conv", "Sigmoid", "HzChannelScale"]
+
+
+def test_hardswish_as_paddle_exports_it_is_one_lut():
+    """x * clip(x + 3, 0, 6) / 6 behind an affine Add, as in PP-OCRv4's detector."""
+    rng = np.random.default_rng(4)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    nodes = [c1, helper.make_node("Add", ["a", "b"], ["a2"], name="/affine"),
+             helper.make_node("Add", ["a2", "three"], ["p"], name="/hs/Add"),
+             helper.make_node("Clip", ["p", "zero", "six"], ["c"], name="/hs/Clip"),
+             helper.make_node("Mul", ["a2", "c"], ["m"], name="/hs/Mul"),
+             helper.make_node("Div", ["m", "six"], ["y"], name="/hs/Div")]
+    inits = [w1, _const("b", np.full((1, 4, 1, 1), 0.1)), _const("three", 3.0), _const("zero", 0.0), _const("six", 6.0)]
+    before = _model(nodes, inits)
+    model, names = optimize(before)
+    assert [(n.name, n.op_type) for n in Graph(model)] == [("/c1", "Conv"), ("/affine", "Add"),
+                                                           ("/hs/Div", "HzHardSwish")]
+    _same_function(before, model)
+
+
+def test_div_of_two_feature_maps_becomes_reciprocal_and_mul_with_hb_names(target):
+    rng = np.random.default_rng(5)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "x", "b", rng)
+    w2.CopyFrom(numpy_helper.from_array(np.abs(numpy_helper.to_array(w2)), w2.name))
+    nodes = [c1, c2, helper.make_node("Div", ["a", "b"], ["y"], name="/blk/Div")]
+    before = _model(nodes, [w1, w2])
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert [n.name for n in graph][-2:] == ["/blk/Div_reciprocal", "/blk/Div_mul"]
+    assert graph.by_name["/blk/Div_reciprocal"].op_type == "Reciprocal"
+    _same_function(before, model)
+    # node_info may use hb_mapper's name or the ONNX name; InputType1 of the Div is the reciprocal's input
+    by_onnx = make_plan(graph, target, Candidate.make(nodes={"/blk/Div": {"ON": "CPU"}}))
+    assert set(by_onnx.cpu_nodes) == {"/blk/Div_reciprocal", "/blk/Div_mul"}
+    by_hb = make_plan(graph, target, Candidate.make(nodes={"/blk/Div_mul": {"ON": "CPU"}}))
+    assert by_hb.cpu_nodes == ["/blk/Div_mul"]
+    k1 = make_plan(graph, target, Candidate.make(nodes={"/blk/Div": {"InputType1": "int16"}}))
+    assert k1.in_dtype["/blk/Div_reciprocal"] == "int16" and k1.in_dtype["/blk/Div_mul"] == "int8"
+
+
+def test_shape_arithmetic_on_static_shapes_is_folded_and_does_not_split_subgraphs(target):
+    rng = np.random.default_rng(6)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "r", "y", rng)
+    nodes = [c1, helper.make_node("Shape", ["a"], ["shp"], name="/Shape"),
+             helper.make_node("Gather", ["shp", "idx"], ["n"], name="/Gather", axis=0),
+             helper.make_node("Unsqueeze", ["n"], ["n1"], name="/Unsqueeze", axes=[0]),
+             helper.make_node("Concat", ["n1", "rest"], ["newshape"], name="/Concat", axis=0),
+             helper.make_node("Reshape", ["a", "newshape"], ["r"], name="/Reshape"), c2]
+    inits = [w1, w2, numpy_helper.from_array(np.array(0, np.int64), "idx"),
+             numpy_helper.from_array(np.array([4, 8, 8], np.int64), "rest")]
+    before = _model(nodes, inits)
+    assert make_plan(Graph(before), target, Candidate.make()).cpu_nodes == ["/Shape"]   # split the subgraph
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert [n.op_type for n in graph] == ["Conv", "Reshape", "Conv"]
+    plan = make_plan(graph, target, Candidate.make())
+    assert plan.cpu_nodes == [] and plan.n_subgraphs == 1
+    _same_function(before, model)
+
+
+def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
+    """x5_op_facts 4.2 #12: '/model.10/attn/Mul BPU HzSQuantizedConv int8/int32' before a CPU Softmax."""
+    rng = np.random.default_rng(7)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    nodes = [c1, helper.make_node("Mul", ["k", "a"], ["m"], name="/scale/Mul"),
+             helper.make_node("Softmax", ["m"], ["y"], name="/Softmax", axis=1)]
+    before = _model(nodes, [w1, _const("k", rng.standard_normal((1, 4, 1, 1)))])
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert graph.by_name["/scale/Mul"].op_type == "HzChannelScale"
+    assert graph.data_inputs(graph.by_name["/scale/Mul"]) == [(0, "a")]
+    plan = make_plan(graph, target, Candidate.make())
+    assert plan.out_dtype["/scale/Mul"] == "int32" and plan.cpu_nodes == ["/Softmax"]
+    assert not plan.cpu_reads   # int32 leaves unrounded
+    # the user's InputType1 (the feature map was the Mul's second input) reaches it
+    p16 = make_plan(graph, target, Candidate.make(nodes={"/scale/Mul": {"InputType1": "int16"}}))
+    assert any(n.startswith("/scale/Mul (HzChannelScale): int16 input") for n in p16.notes)  # TODO(int16 Conv)
+    _same_function(before, model)

@@ -1,0 +1,520 @@
+"""The graph hb_mapper calibrates: what its optimizer does to the float model before calibration.
+
+hb_mapper does not calibrate the ONNX the user exported. Its optimizer (C++, in horizon_nn) first
+rewrites the graph, and every rewrite that adds, removes or merges nodes changes where the
+quantization points are. tuner applies the rewrites that do, to the prepared float model, before
+anything is planned or calibrated, so that the simulator quantizes the graph hb_mapper quantizes
+and reports its nodes under the names hb_mapper's log prints:
+
+* **no-op nodes removed**: ``Identity`` and ``Dropout`` (inference) disappear; their consumers read
+  the input directly. On a PP-OCR export with 147 Identities, tuner put each on the CPU: 127 BPU
+  subgraphs and a different accuracy (issue "Simulate hb_mapper's own quantizer").
+* **constants folded**: a node whose inputs are all constants (``Constant``, a ``Shape`` of a tensor
+  whose shape is static, arithmetic on them) becomes an initializer, so shape computations do not
+  appear as CPU nodes that split BPU subgraphs.
+* **fused activations**: ``x * sigmoid(x)`` (SiLU/Swish), ``x * hardsigmoid(x)`` and
+  ``x * clip(x + 3, 0, 6) / 6`` (HardSwish), ``x * tanh(softplus(x))`` (Mish) and the erf / tanh
+  forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
+  output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
+  (hb_quantizer_facts §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
+  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350). The fused node keeps the name of
+  the region's last node, and becomes an ONNX model-local function of that kind (domain
+  ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.
+* **Div decomposed**: ``Div(a, b)`` with ``b`` computed at run time becomes ``<name>_reciprocal``
+  (``Reciprocal(b)``, a LUT) and ``<name>_mul`` (``Mul(a, ·)``), as in real 1.24.3 logs
+  (``…/Div_reciprocal HzLut`` + ``…/Div_mul HzSElementwiseMul``) and D-Robotics' own X5 YAMLs, which
+  put int16 on ``…/Div_mul`` (x5_op_facts §2 Div row). A Div by a constant becomes
+  ``<name>_mul``, a Mul by the reciprocal constant [inferred: the reciprocal of a constant is folded].
+* **Mul by a constant lowered to a convolution**: a Mul of a feature map by a scalar or per-channel
+  constant is a weight-quantized 1x1 convolution on the BPU (``HzSQuantizedConv`` in real logs, where
+  it leaves the BPU as int32 before a CPU node: x5_op_facts §4.2 #12, #14). It becomes a node of kind
+  ``HzChannelScale`` (same name as the Mul) that the target tables treat like a Conv: no LUT chaining,
+  int32 output at a subgraph edge. Its constant, being scalar or one value per channel, is exact under
+  per-output-channel int8 weight quantization.
+
+Not modelled here: splitting a BPU Softmax into its six quantized sub-ops, and folding affine
+``Mul``/``Add`` by constants into a preceding Conv (not documented).
+
+:class:`NameMap` remembers every rewrite so that ``node_info`` may name a node either as the user's
+ONNX does (``/blk/Div``, ``/act/Sigmoid``) or as hb_mapper reports it (``/blk/Div_mul``), and so that
+an entry for a removed node (an Identity) gets a note instead of "not in the model".
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+HZ_DOMAIN = "tuner.hz"
+#: Kinds of fused node this module writes (their op_type in :class:`tuner.graph.Graph`).
+HZ_KINDS = ("HzSwish", "HzHardSwish", "HzMish", "HzGelu", "HzChannelScale")
+
+NOOP_OPS = ("Identity", "Dropout")
+#: Element-wise ops a fused activation region may contain.
+_REGION_OPS = frozenset({"Sigmoid", "HardSigmoid", "Tanh", "Softplus", "Erf", "Exp", "Log", "Clip", "Relu",
+                         "Add", "Sub", "Mul", "Div", "Pow", "Sqrt"})
+_NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                               "Multinomial", "Bernoulli"})
+#: Folding stops at constants larger than this (a graph's weights are not recomputed).
+_FOLD_MAX_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """What became of one node of the user's ONNX.
+
+    ``nodes``: the nodes that stand for it in the optimized graph (empty: removed). ``inputs`` maps
+    its input index k to (node, input index) there, for ``InputType<k>``; ``output`` is the node
+    whose output is its output, for ``OutputType``.
+    """
+
+    onnx_name: str
+    op_type: str
+    nodes: tuple[str, ...]
+    inputs: tuple[tuple[int, str, int], ...]
+    output: str | None
+    reason: str
+
+
+@dataclass
+class NameMap:
+    """ONNX node name -> its rewrite, for the nodes the optimizer changed (others keep their name)."""
+
+    rewrites: dict[str, Rewrite] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.rewrites)
+
+    def removed(self, name: str) -> Rewrite | None:
+        r = self.rewrites.get(name)
+        return r if r is not None and not r.nodes else None
+
+    def translate(self, nodes: tuple, known: set[str]) -> tuple[dict[str, dict[str, str]], list[str]]:
+        """``node_info`` entries (name -> fields) addressed to the optimized graph's nodes, and notes.
+
+        An entry under a name the optimized graph has is kept as it is and wins over entries that
+        reach the same node through a rewrite. An ONNX name the optimizer replaced lends its
+        fields to the nodes standing for it: ``ON`` to all of them, ``InputType<k>`` / ``InputType``
+        to the nodes reading its inputs, ``OutputType`` to the node writing its output. An entry
+        for a removed node is dropped with a note. Unknown names are returned unchanged (the
+        caller reports them).
+        """
+        direct: dict[str, dict[str, str]] = {}
+        lent: dict[str, dict[str, str]] = defaultdict(dict)
+        notes: list[str] = []
+        for name, fields in nodes:
+            r = self.rewrites.get(name)
+            if r is None or (name in known and r.nodes != (name,)):
+                direct[name] = dict(fields)
+                continue
+            if not r.nodes:
+                notes.append(f"node_info {name!r} ({r.op_type}): {r.reason} by hb_mapper's optimizer before "
+                             "calibration; the entry has no effect")
+                continue
+            own = r.nodes == (name,)
+            for key, value in fields.items():
+                if key == "ON":
+                    targets = [(n, key) for n in r.nodes]
+                elif key == "OutputType":
+                    targets = [(r.output, key)] if r.output else []
+                elif key == "InputType":
+                    targets = [(n, key) for n in dict.fromkeys(m for _, m, _ in r.inputs)] or \
+                        ([(name, key)] if own else [])
+                elif key.startswith("InputType"):
+                    targets = [(n, f"InputType{j}") for ki, n, j in r.inputs if str(ki) == key[len("InputType"):]]
+                else:
+                    targets = [(n, key) for n in r.nodes]
+                for node, field_name in targets:
+                    if own:
+                        direct.setdefault(node, {})[field_name] = value
+                    else:
+                        lent[node].setdefault(field_name, value)
+            if not own:
+                notes.append(f"node_info {name!r} ({r.op_type}): {r.reason}; applied to {', '.join(r.nodes)}")
+        for node, fields in lent.items():
+            merged = dict(fields)
+            merged.update(direct.get(node, {}))
+            direct[node] = merged
+        return direct, notes
+
+    def summary(self) -> list[str]:
+        """One line per kind of rewrite, for ``tuner eval``'s notes."""
+        counts = Counter(r.reason.split(":")[0] for r in self.rewrites.values())
+        return [f"hb_mapper's optimizer: {reason} ({n} node{'s' if n != 1 else ''})" for reason, n in sorted(counts.items())]
+
+
+def optimize(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, NameMap]:
+    """The optimized copy of a prepared model (named nodes, static input shapes, shapes inferred).
+
+    Pure: ``proto`` is not changed. The result computes the same function (onnxruntime inlines the
+    fused nodes' functions; a decomposed Div differs from the original by float rounding only).
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    names = NameMap()
+    original = {n.name for n in model.graph.node}
+    _fold(model, names)
+    _drop_noops(model, names)
+    _fuse_activations(model, names)
+    _split_div(model, names)
+    _lower_channel_scales(model, names, original)
+    if any(r.nodes for r in names.rewrites.values()) or model.functions:
+        if model.ir_version < 8:
+            model.ir_version = 8   # model-local functions need IR 8 (simulation only: never exported)
+    return model, names
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    users: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in graph.node:
+        for t in n.input:
+            if t:
+                users[t].append(n)
+    return users
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            out[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+    return out
+
+
+# -- constant folding ------------------------------------------------------------------------
+
+
+def _fold(model: onnx.ModelProto, names: NameMap) -> None:
+    """Replace nodes computable from constants alone by initializers (one pass in graph order)."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    shapes = _shapes(model)
+    outputs = {o.name for o in graph.output}
+    opset = [o for o in model.opset_import]
+    keep = []
+    for node in graph.node:
+        value: list[np.ndarray] | None = None
+        if node.domain in ("", "ai.onnx") and node.op_type not in _NONDETERMINISTIC and not (set(node.output) & outputs):
+            if node.op_type == "Shape" and node.input[0] in shapes and not node.attribute:
+                value = [np.array(shapes[node.input[0]], dtype=np.int64)]
+            elif node.op_type == "Size" and node.input[0] in shapes:
+                value = [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
+            elif node.input and all((not t) or t in consts for t in node.input) and node.op_type != "Constant":
+                if sum(int(np.prod(consts[t].dims)) for t in node.input if t) <= _FOLD_MAX_ELEMENTS:
+                    try:
+                        feeds = {t: numpy_helper.to_array(consts[t]) for t in node.input if t}
+                        body = helper.make_graph([node], "fold", [helper.make_tensor_value_info(t, consts[t].data_type, None)
+                                                                  for t in feeds], [helper.make_tensor_value_info(o, 0, None)
+                                                                                    for o in node.output if o])
+                        value = list(ReferenceEvaluator(helper.make_model(body, opset_imports=opset)).run(None, feeds))
+                    except Exception:
+                        value = None   # an op the reference cannot run stays (hb_mapper may fold it; rare)
+        if value is None:
+            keep.append(node)
+            continue
+        for out, v in zip([o for o in node.output if o], value):
+            t = numpy_helper.from_array(np.asarray(v), out)
+            graph.initializer.append(t)
+            consts[out] = t
+        names.rewrites[node.name] = Rewrite(node.name, node.op_type, (), (), None, "constant folded")
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+    used = {t for n in graph.node for t in n.input} | outputs
+    unused = [t for t in graph.initializer if t.name not in used]
+    for t in unused:
+        graph.initializer.remove(t)
+
+
+# -- no-op nodes -----------------------------------------------------------------------------
+
+
+def _drop_noops(model: onnx.ModelProto, names: NameMap) -> None:
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    inputs = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    rename: dict[str, str] = {}
+    keep = []
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        noop = node.op_type in NOOP_OPS and node.domain in ("", "ai.onnx") and node.input and node.input[0]
+        if noop and node.op_type == "Dropout" and (len(node.output) > 1 and node.output[1]):
+            noop = False   # its mask is read: keep it (CPU)
+        if not noop:
+            keep.append(node)
+            continue
+        src, out = node.input[0], node.output[0]
+        while src in rename:
+            src = rename[src]
+        if out in outputs:
+            # A graph output: the producer writes it under the output's name instead.
+            p = producer.get(src)
+            if p is None or src in outputs or src in inputs or any(src in n.input for n in graph.node if n is not node):
+                keep.append(node)
+                continue
+            p.output[list(p.output).index(src)] = out
+            producer[out] = p
+            rename[src] = out
+        else:
+            rename[out] = src
+        names.rewrites[node.name] = Rewrite(node.name, node.op_type, (), (), None, f"{node.op_type} removed")
+    if len(keep) == len(graph.node):
+        return
+    for node in keep:
+        for k, t in enumerate(node.input):
+            while t in rename:
+                t = rename[t]
+            node.input[k] = t
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+# -- fused activations -----------------------------------------------------------------------
+
+
+def _kind(ops: Counter) -> str | None:
+    """Which fused activation a single-source element-wise region computes (by its op multiset)."""
+    kinds = {
+        "HzSwish": [Counter({"Sigmoid": 1, "Mul": 1})],
+        "HzHardSwish": [Counter({"HardSigmoid": 1, "Mul": 1}), Counter({"Add": 1, "Clip": 1, "Mul": 1, "Div": 1}),
+                        Counter({"Add": 1, "Clip": 1, "Mul": 2}), Counter({"Add": 1, "Relu": 1, "Clip": 1, "Mul": 1, "Div": 1})],
+        "HzMish": [Counter({"Softplus": 1, "Tanh": 1, "Mul": 1}), Counter({"Exp": 1, "Add": 1, "Log": 1, "Tanh": 1, "Mul": 1})],
+    }
+    for kind, forms in kinds.items():
+        if ops in forms:
+            return kind
+    if ops["Erf"] == 1 and ops["Mul"] >= 2 and set(ops) <= {"Erf", "Mul", "Div", "Add"}:
+        return "HzGelu"
+    if ops["Tanh"] == 1 and ops["Pow"] + ops["Mul"] >= 4 and set(ops) <= {"Tanh", "Mul", "Add", "Pow"}:
+        return "HzGelu"
+    return None
+
+
+def _region(end: onnx.NodeProto, producer: dict[str, onnx.NodeProto], users: dict[str, list[onnx.NodeProto]],
+            consts: set[str], outputs: set[str]) -> tuple[list[onnx.NodeProto], str, str] | None:
+    """The largest single-source element-wise region ending at ``end`` that computes a known fused
+    activation: (nodes, source tensor, kind)."""
+    closure = {id(end): end}
+    stack = [end]
+    while stack:
+        n = stack.pop()
+        for t in n.input:
+            p = producer.get(t)
+            if p is None or t in consts or id(p) in closure or p.op_type not in _REGION_OPS or t in outputs:
+                continue
+            if p.domain not in ("", "ai.onnx") or len(p.output) != 1:
+                continue
+            closure[id(p)] = p
+            stack.append(p)
+    members = list(closure.values())
+    # Candidate sources: activation tensors read by the closure. For each, keep the members that
+    # depend on it; the region is valid when every member reads only the source, constants or
+    # other members, and every member except ``end`` is read only inside the region.
+    best: tuple[list[onnx.NodeProto], str, str] | None = None
+    for src in {t for n in members for t in n.input if t and t not in consts}:
+        region_ids: set[int] = set()
+        changed = True
+        produced = {src}
+        while changed:
+            changed = False
+            for n in members:
+                if id(n) not in region_ids and any(t in produced for t in n.input):
+                    region_ids.add(id(n))
+                    produced.update(n.output)
+                    changed = True
+        region = [n for n in members if id(n) in region_ids]
+        if end not in region or len(region) < 2:
+            continue
+        ok = all(all((not t) or t in consts or t == src or (t in produced and t != src) for t in n.input) for n in region)
+        ok = ok and all(n is end or all(u in region for u in users.get(n.output[0], [])) for n in region)
+        ok = ok and src not in {n.output[0] for n in region}
+        # x * f(x): some Mul multiplies two values computed from the source (sigmoid(x) * 80 is no SiLU)
+        ok = ok and any(n.op_type == "Mul" and all(t and t not in consts for t in n.input) for n in region)
+        kind = _kind(Counter(n.op_type for n in region)) if ok else None
+        if kind is not None and (best is None or len(region) > len(best[0])):
+            best = (region, src, kind)
+    return best
+
+
+def _fuse_activations(model: onnx.ModelProto, names: NameMap) -> None:
+    graph = model.graph
+    consts = {t.name for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    producer = {o: n for n in graph.node for o in n.output}
+    users = _consumers(graph)
+    order = {id(n): i for i, n in enumerate(graph.node)}
+    taken: set[int] = set()
+    replace: dict[int, onnx.NodeProto | None] = {}
+    functions: dict[bytes, onnx.FunctionProto] = {}
+    per_kind: Counter = Counter()
+    default_opset = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    for end in reversed(list(graph.node)):   # later ends first: the largest regions win
+        if id(end) in taken or end.op_type not in ("Mul", "Div") or end.domain not in ("", "ai.onnx"):
+            continue
+        found = _region(end, producer, users, consts, outputs)
+        if found is None:
+            continue
+        region, src, kind = found
+        if any(id(n) in taken for n in region):
+            continue
+        region.sort(key=lambda n: order[id(n)])
+        fn_inputs = [src] + sorted({t for n in region for t in n.input if t in consts})
+        local = {t: f"i{k}" for k, t in enumerate(fn_inputs)}
+        local[end.output[0]] = "y"
+        body = []
+        for j, n in enumerate(region):
+            b = onnx.NodeProto()
+            b.CopyFrom(n)
+            b.name = ""
+            for k, t in enumerate(b.input):
+                if t:
+                    b.input[k] = local.setdefault(t, f"t{len(local)}")
+            for k, t in enumerate(b.output):
+                b.output[k] = local.setdefault(t, f"t{len(local)}")
+            body.append(b)
+        key = kind.encode() + b"|" + b"".join(b.SerializeToString() for b in body)
+        if key not in functions:
+            fname = f"{kind}__{per_kind[kind]}"
+            per_kind[kind] += 1
+            functions[key] = helper.make_function(HZ_DOMAIN, fname, [f"i{k}" for k in range(len(fn_inputs))], ["y"],
+                                                  body, default_opset)
+        fn = functions[key]
+        fused = helper.make_node(fn.name, fn_inputs, [end.output[0]], name=end.name, domain=HZ_DOMAIN)
+        for n in region:
+            taken.add(id(n))
+            replace[id(n)] = None
+            if n is not end:
+                names.rewrites[n.name] = Rewrite(n.name, n.op_type, (end.name,),
+                                                 tuple((k, end.name, 0) for k, t in enumerate(n.input) if t == src),
+                                                 None, f"fused into {kind}")
+        replace[id(end)] = fused
+        names.rewrites[end.name] = Rewrite(end.name, end.op_type, (end.name,),
+                                           tuple((k, end.name, 0) for k, t in enumerate(end.input) if t == src),
+                                           end.name, f"fused into {kind}")
+    if not replace:
+        return
+    new_nodes = []
+    for n in graph.node:
+        if id(n) in replace:
+            if replace[id(n)] is not None:
+                new_nodes.append(replace[id(n)])
+        else:
+            new_nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    model.functions.extend(functions.values())
+    if not any(o.domain == HZ_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(HZ_DOMAIN, 1))
+
+
+# -- Div -------------------------------------------------------------------------------------
+
+
+def _split_div(model: onnx.ModelProto, names: NameMap) -> None:
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    used = {n.name for n in graph.node}
+    new_nodes = []
+    changed = False
+    for n in graph.node:
+        if n.op_type != "Div" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+            new_nodes.append(n)
+            continue
+        a, b = n.input
+        mul_name = _unique(f"{n.name}_mul", used)
+        if b in consts:
+            arr = numpy_helper.to_array(consts[b])
+            if not np.issubdtype(arr.dtype, np.floating) or not np.all(arr != 0):
+                new_nodes.append(n)
+                continue
+            rc = numpy_helper.from_array((1.0 / arr).astype(arr.dtype), _unique(f"{b}_reciprocal", set(consts)))
+            graph.initializer.append(rc)
+            consts[rc.name] = rc
+            new_nodes.append(helper.make_node("Mul", [a, rc.name], list(n.output), name=mul_name))
+            names.rewrites[n.name] = Rewrite(n.name, "Div", (mul_name,), ((0, mul_name, 0),), mul_name,
+                                             "Div by a constant became a Mul")
+        else:
+            rec_name = _unique(f"{n.name}_reciprocal", used)
+            rec_out = f"{n.output[0]}__reciprocal"
+            new_nodes.append(helper.make_node("Reciprocal", [b], [rec_out], name=rec_name))
+            new_nodes.append(helper.make_node("Mul", [a, rec_out], list(n.output), name=mul_name))
+            names.rewrites[n.name] = Rewrite(n.name, "Div", (rec_name, mul_name), ((0, mul_name, 0), (1, rec_name, 0)),
+                                             mul_name, "Div split into Reciprocal + Mul")
+        changed = True
+    if changed:
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+
+
+def _unique(name: str, used: set[str]) -> str:
+    out, k = name, 1
+    while out in used:
+        out, k = f"{name}_{k}", k + 1
+    used.add(out)
+    return out
+
+
+# -- Mul by a channel constant -----------------------------------------------------------------
+
+
+def _channel_constant(shape: tuple[int, ...], rank: int | None) -> bool:
+    """A constant that broadcasts as one value, or one value per channel (axis 1) of a rank-4 map."""
+    size = int(np.prod(shape)) if shape else 1
+    if size == 1:
+        return True
+    if rank != 4 or len(shape) > 4:
+        return False
+    full = (1,) * (4 - len(shape)) + tuple(shape)
+    return full[0] == 1 and full[2] == 1 and full[3] == 1
+
+
+def _lower_channel_scales(model: onnx.ModelProto, names: NameMap, original: set[str]) -> None:
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in list(graph.input) + list(graph.value_info)
+             if vi.type.tensor_type.HasField("shape")}
+    fn = None
+    onnx_names = set(original) - set(names.rewrites)
+    for n in graph.node:
+        if n.op_type != "Mul" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+            continue
+        const = [k for k, t in enumerate(n.input) if t in consts]
+        if len(const) != 1:
+            continue
+        c, x = n.input[const[0]], n.input[1 - const[0]]
+        if consts[c].data_type != onnx.TensorProto.FLOAT or not _channel_constant(tuple(consts[c].dims), ranks.get(x)):
+            continue
+        if ranks.get(x) != 4 and int(np.prod(consts[c].dims) if consts[c].dims else 1) != 1:
+            continue
+        if fn is None:
+            fn = helper.make_function(HZ_DOMAIN, "HzChannelScale__0", ["i0", "i1"], ["y"],
+                                      [helper.make_node("Mul", ["i0", "i1"], ["y"])],
+                                      [o for o in model.opset_import if o.domain in ("", "ai.onnx")])
+        if const[0] == 0 and n.name in onnx_names:
+            # The feature map moves to input 0: the user's InputType1 now means the fused node's input 0.
+            names.rewrites[n.name] = Rewrite(n.name, "Mul", (n.name,), ((1, n.name, 0),), n.name,
+                                             "Mul by a constant lowered to a 1x1 convolution")
+        del n.input[:]
+        n.input.extend([x, c])
+        n.op_type, n.domain = fn.name, HZ_DOMAIN
+    if fn is not None:
+        model.functions.append(fn)
+        if not any(o.domain == HZ_DOMAIN for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(HZ_DOMAIN, 1))
+
+
+def hz_kind(op_type: str, domain: str) -> str:
+    """The op type :class:`tuner.graph.Graph` reports for a node: a fused node's kind (``HzSwish``)."""
+    if domain == HZ_DOMAIN:
+        return op_type.split("__", 1)[0]
+    return op_type
