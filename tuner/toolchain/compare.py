@@ -14,6 +14,7 @@ no model node and are listed apart; model nodes without a row were fused away by
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +46,50 @@ def spearman(a: list[float], b: list[float]) -> float | None:
     if ra.std() == 0 or rb.std() == 0:
         return None
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def normalize_method(text: str | None) -> str | None:
+    """One spelling of a calibration method string, so that the log's ``Select ... method.`` and
+    tuner's :meth:`Calibration.describe` compare equal whichever form each uses.
+
+    Accepted: hb_mapper's (``max:per_channel``, ``max-percentile:percentile=0.99995,per_channel``,
+    ``kl:num_bin=1024,max_num_bin=16384``: suffixes comma-joined after a colon) and tuner's older one
+    (``max,per_channel``); ``_`` or ``-`` in the method name, any case, spaces, a trailing ``method.``.
+    Returned: ``name[:key=value,...,flag,...]`` with parameters sorted by key, numbers written
+    the same way (``0.999950`` = ``0.99995``) and flags sorted after them.
+    """
+    if text is None:
+        return None
+    t = re.sub(r"\s+", "", text.strip()).lower()
+    t = re.sub(r"^select", "", t)
+    t = re.sub(r"method\.?$", "", t).rstrip(".")
+    if not t:
+        return None
+    name, sep, rest = t.partition(":")
+    if not sep:
+        name, _, rest = t.partition(",")
+    name = name.replace("_", "-")
+    params, flags = [], []
+    for token in filter(None, rest.split(",")):
+        key, eq, value = token.partition("=")
+        if not eq:
+            flags.append(key.replace("-", "_"))
+            continue
+        try:
+            value = format(float(value), ".12g")
+        except ValueError:
+            pass
+        params.append(f"{key.replace('-', '_')}={value}")
+    tail = sorted(params) + sorted(set(flags))
+    return name + (":" + ",".join(tail) if tail else "")
+
+
+def same_method(a: str | None, b: str | None) -> bool | None:
+    """Whether two method strings name the same calibration; None when either is missing."""
+    na, nb = normalize_method(a), normalize_method(b)
+    if na is None or nb is None:
+        return None
+    return na == nb
 
 
 def int16_requests(candidate: Candidate) -> dict[str, str]:
