@@ -162,7 +162,8 @@ def _write_relu_project(root: Path) -> Path:
     (root / "cal").mkdir(parents=True)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2])
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="/relu")], "relu", [x], [y]),
+    relu = helper.make_node("Relu", ["x"], ["y"], name="/relu")
+    model = helper.make_model(helper.make_graph([relu], "relu", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7
     onnx.save(model, str(root / "relu.onnx"))

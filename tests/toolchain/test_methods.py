@@ -52,4 +52,5 @@ def test_different_methods_stay_different_and_missing_is_unknown():
     assert same_method(None, "max") is None and normalize_method("  ") is None
     # tuner's own descriptions, whatever form describe() prints, match hb_mapper's spelling
     assert same_method(Calibration(type="max", per_channel=True).describe(), "max:per_channel")
-    assert same_method(Calibration(type="kl", per_channel=True).describe(), "kl:num_bin=1024,max_num_bin=16384,per_channel")
+    assert same_method(Calibration(type="kl", per_channel=True).describe(),
+                       "kl:num_bin=1024,max_num_bin=16384,per_channel")

@@ -273,7 +273,8 @@ class Comparison:
             terms = "tuner pooled over its evaluation data, plain cosine (not hb_mapper's terms)"
         return cls(nodes=nodes, outputs=outputs, sim_method=ev.calibration.describe(), real_method=log.method,
                    log_only=log_only, without_row=without_row, source=log.path, terms=terms,
-                   pooled_data=pooled_data if pooled is not None else None, pooled_samples=pooled_samples if pooled is not None else None)
+                   pooled_data=pooled_data if pooled is not None else None,
+                   pooled_samples=pooled_samples if pooled is not None else None)
 
     # -- (de)serialising -----------------------------------------------------------------
     def as_dict(self) -> dict[str, Any]:
