@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from helpers import write_tiny_project
+from helpers import REPO, write_tiny_project
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -17,6 +18,9 @@ def _isolated_cache(tmp_path_factory):
     """
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TUNER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+        # subprocesses (python -m tuner, the stand-in hb_mapper) import this checkout's tuner, not
+        # whichever one the environment has installed (an editable install of another worktree)
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         yield
 
 

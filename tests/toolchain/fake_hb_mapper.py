@@ -7,6 +7,10 @@ like a real toolchain would:
 * int16 on op types in FAKE_HB_REFUSE (default: Sigmoid) is refused (falls back to int8),
 * every node's error is FAKE_HB_FACTOR times larger (default 3: real cosine = 1 - 3 (1 - sim)),
 
+and computes its tables as hb_mapper does (horizon_nn's reporter, reference 4.3): on the first
+calibration sample only, cosine = (a.b + 1e-5) / (|a| |b| + 1e-5), L1 = mean |d|,
+L2 = |d| / n, Chebyshev = max |d|, in float32 (written out here, not taken from tuner.metrics),
+
 and writes ``hb_mapper_makertbin.log`` in the working directory in the documented X5 format
 (FAKE_HB_STYLE=old: ``In/Out DataType``), plus the usual artefacts' folder. FAKE_HB_FAIL=1
 makes it fail like a conversion error.
@@ -18,11 +22,24 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 P = "2025-03-01 10:00:{s:02d},{ms:03d} file: {f}.py func: {f} line No: {n} "
 
 
 def stamp(i: int, module: str = "model_builder") -> str:
     return P.format(s=i % 60, ms=(i * 37) % 1000, f=module, n=100 + i)
+
+
+def hb_figures(q: np.ndarray, f: np.ndarray) -> tuple[float, float, float, float]:
+    """hb_mapper's four figures of a calibrated tensor ``q`` vs its float ``f``."""
+    a = np.asarray(q).astype(np.float32).flatten()
+    b = np.asarray(f).astype(np.float32).flatten()
+    eps = 1e-5
+    cos = (np.dot(a, b) + eps) / (np.linalg.norm(a) * np.linalg.norm(b) + eps)
+    d = a - b
+    return float(cos), float(np.sum(np.abs(d)) / len(a)), float(np.sqrt(np.sum(np.square(d))) / len(a)), \
+        float(np.max(np.abs(d)))
 
 
 def main(argv: list[str]) -> int:
@@ -44,7 +61,7 @@ def main(argv: list[str]) -> int:
     refuse = set(filter(None, os.environ.get("FAKE_HB_REFUSE", "Sigmoid").split(",")))
     factor = float(os.environ.get("FAKE_HB_FACTOR", "3"))
     old = os.environ.get("FAKE_HB_STYLE") == "old"
-    ws = Workspace.open(config)
+    ws = Workspace.open(config, limit=1)      # simulates on the first calibration sample (thresholds: all)
     cand = ws.base_candidate()
     ops = {n.name: n.op_type for n in ws.graph}
     requested, refused = [], []
@@ -57,7 +74,14 @@ def main(argv: list[str]) -> int:
                 s = NodeSetting(on=s.on)
         nodes[name] = s
     real = type(cand).make(cand.calibration, nodes, cand.optimization)
-    ev = ws.simulator.evaluate(real, per_node=True)
+    sim = ws.simulator
+    ev = sim.evaluate(real, per_node=True)     # placement, dtypes, thresholds (and ``default``'s choice)
+    first = next(iter(sim.data))
+    names = [n.outputs[0] for n in ws.graph if n.outputs and ws.graph.is_activation(n.outputs[0])]
+    names += [o for o in ws.model.output_names if o not in names]
+    q, f = sim.tensors(real.with_calibration(ev.calibration), names, first)
+    figures = {t: hb_figures(q[t], f[t]) for t in names}
+    out_of = {n.name: n.outputs[0] for n in ws.graph if n.outputs}
 
     i = 0
 
@@ -88,6 +112,9 @@ def main(argv: list[str]) -> int:
                      f"{dtype_head}")
     log_lines.append("-" * 120)
 
+    def node_cos(r):
+        return None if r.cosine is None or out_of.get(r.name) not in figures else figures[out_of[r.name]][0]
+
     def real_cos(c):
         return None if c is None else max(-1.0, 1.0 - factor * (1.0 - c))
 
@@ -103,18 +130,19 @@ def main(argv: list[str]) -> int:
         "int8", "int8")
     for r in ev.nodes:
         if r.on == "BPU":
-            row(r.name, "BPU", f"id({r.subgraph or 0})", f"Hz{r.op_type}", real_cos(r.cosine),
+            row(r.name, "BPU", f"id({r.subgraph or 0})", f"Hz{r.op_type}", real_cos(node_cos(r)),
                 None if r.threshold is None else r.threshold * 1.01, r.in_dtype, r.out_dtype)
         else:
-            row(r.name, "CPU", "--", r.op_type, real_cos(r.cosine), None, "float", "float")
+            row(r.name, "CPU", "--", r.op_type, real_cos(node_cos(r)), None, "float", "float")
     row(f"{ev.nodes[0].name}_output_0_calibrated_Requantize", "BPU", "id(0)", "HzRequantize", None, None, "int8",
         "int8")
     add("The quantized model output:", "print_info_dict")
     log_lines.append("=" * 77)
     log_lines.append(f"{'Output':<12}{'Cosine Similarity':<19}{'L1 Distance':<13}{'L2 Distance':<13}Chebyshev Distance")
     log_lines.append("-" * 77)
-    for name, m in ev.outputs.items():
-        log_lines.append(f"{name:<12}{real_cos(m['cosine']):<19.6f}{m['l1']:<13.6f}{m['l2']:<13.6f}{m['max_abs']:.6f}")
+    for name in ev.outputs:
+        cos, l1, l2, cheb = figures[name]
+        log_lines.append(f"{name:<12}{real_cos(cos):<19.6f}{l1:<13.6f}{l2:<13.6f}{cheb:.6f}")
     add("Convert to runtime bin file successfully!", "hb_mapper_makertbin")
     add("End Model Convert", "hb_mapper_makertbin")
     text = "\n".join(log_lines) + "\n"

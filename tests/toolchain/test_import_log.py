@@ -113,3 +113,85 @@ def test_import_log_errors_are_one_line(project, tmp_path):
                    "2025-01-01 00:00:01,000 ERROR Layer /x expect data shape range [1, 8192]\n")
     r = cli("import-log", bad, cwd=tmp_path)
     assert r.returncode == 2 and "did not finish" in r.stderr and "8192" in r.stderr
+
+
+# --------------------------------------------------------------------------- the log's terms
+
+
+def _import_json(log: Path, cfg: Path) -> dict:
+    r = cli("import-log", log, "--config", cfg, "--json", cwd=cfg.parent)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["comparison"]
+
+
+def test_compared_figures_follow_the_first_calibration_sample(tmp_path):
+    """hb_mapper prints its tables from the first calibration sample; a second sample 30x larger
+    sets the thresholds (both sides) and dominates a pooled cosine, but not the compared figure."""
+    from helpers import tiny_sample
+
+    cfg = write_tiny_project(tmp_path / "p", n=2)
+    (tiny_sample(1) * 30.0).tofile(cfg.parent / "cal" / "0001.bin")
+    # a stand-in that agrees with the simulator: on the same terms, the figures are the same
+    log = fake_hb_mapper(cfg, FAKE_HB_FACTOR="1", FAKE_HB_REFUSE="")
+    comp = _import_json(log, cfg)
+    assert comp["terms"] == ("tuner on the first calibration sample, hb cosine with eps 1e-5, "
+                             "as hb_mapper computes its table")
+    paired = [n for n in comp["nodes"] if n["real_cosine"] is not None and n["sim_cosine"] is not None]
+    assert len(paired) >= 12
+    for n in paired:          # the log prints 6 decimals
+        assert n["sim_cosine"] == pytest.approx(n["real_cosine"], abs=1e-6), n["node"]
+    assert abs(comp["summary"]["output_cosine_gap"]) < 1e-6
+    for o in comp["outputs"]:
+        for k in ("cosine", "l1", "l2", "chebyshev"):
+            assert o[f"sim_{k}"] == pytest.approx(o[f"real_{k}"], rel=1e-6, abs=1e-6), (o["name"], k)
+        # the first sample is quantized on the big sample's grid: far worse than the pooled figure
+        assert o["sim_cosine_pooled"] - o["real_cosine"] > 0.03, o["name"]
+    assert comp["pooled_samples"] == 2 and comp["pooled_data"] == "calibration data"
+    assert comp["summary"]["sim_output_cosine_pooled"] > comp["summary"]["sim_output_cosine"] + 0.03
+
+
+def _write_relu_project(root: Path) -> Path:
+    """x [1,1,2,2] -> Relu -> y. Calibration sample 1 sets the threshold 0.127 (int8 step 0.001);
+    sample 0 holds values of a few steps, so its vectors are tiny and hb_mapper's eps counts."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from helpers import hb_yaml
+
+    (root / "cal").mkdir(parents=True)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2])
+    relu = helper.make_node("Relu", ["x"], ["y"], name="/relu")
+    model = helper.make_model(helper.make_graph([relu], "relu", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    onnx.save(model, str(root / "relu.onnx"))
+    np.array([0.0014, 0.0026, 0.0007, -0.001], np.float32).reshape(1, 1, 2, 2).tofile(root / "cal" / "0000.bin")
+    np.array([0.127, 0.05, -0.1, 0.02], np.float32).reshape(1, 1, 2, 2).tofile(root / "cal" / "0001.bin")
+    cfg = root / "hb_config.yaml"
+    cfg.write_text(hb_yaml("relu.onnx", "x", "1x1x2x2", prefix="relu"))
+    return cfg
+
+
+def test_compared_cosine_is_hbs_eps_cosine_on_a_near_zero_tensor(tmp_path):
+    import math
+
+    cfg = _write_relu_project(tmp_path / "relu")
+    log = fake_hb_mapper(cfg, FAKE_HB_FACTOR="1", FAKE_HB_REFUSE="")
+    comp = _import_json(log, cfg)
+    # first sample: float y = [0.0014, 0.0026, 0.0007, 0], quantized (step 0.001) [0.001, 0.003, 0.001, 0]
+    dot, ff, qq = 9.9e-6, 9.21e-6, 11e-6
+    hb = (dot + 1e-5) / (math.sqrt(ff * qq) + 1e-5)         # 0.991763
+    plain = dot / math.sqrt(ff * qq)                          # 0.983579: what a plain cosine would compare
+    (out,) = comp["outputs"]
+    (node,) = [n for n in comp["nodes"] if n["node"] == "/relu"]
+    assert out["real_cosine"] == pytest.approx(hb, abs=1e-6) and node["real_cosine"] == pytest.approx(hb, abs=1e-6)
+    assert out["sim_cosine"] == pytest.approx(hb, abs=1e-6) and node["sim_cosine"] == pytest.approx(hb, abs=1e-6)
+    assert abs(out["sim_cosine"] - plain) > 5e-3
+    # L1 = mean |d| = 0.0011 / 4, L2 = |d| / n = sqrt(0.41e-6) / 4, Chebyshev = 0.0004
+    assert out["sim_l1"] == pytest.approx(0.0011 / 4, rel=1e-4) and out["real_l1"] == pytest.approx(0.000275, abs=1e-6)
+    assert out["sim_l2"] == pytest.approx(math.sqrt(0.41e-6) / 4, rel=1e-4)
+    assert out["sim_chebyshev"] == pytest.approx(4e-4, rel=1e-4)
+    # the pooled figure (both samples, plain cosine) is another, far better number
+    assert out["sim_cosine_pooled"] > 0.9999

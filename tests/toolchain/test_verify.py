@@ -11,6 +11,7 @@ from helpers import write_tiny_space
 from tuner.study.results import rows
 from tuner.study.runner import Search, open_existing, run
 from tuner.toolchain.compare import Comparison, comparison_for_trial
+from tuner.toolchain.logterms import TERMS
 from tuner.toolchain.records import real_record, real_records
 from tuner.toolchain.verify import StudyContext, verify_study
 
@@ -48,6 +49,16 @@ def test_verify_runs_the_tool_imports_its_log_and_shows_the_gap(study_dir):
         comp = comparison_for_trial(study, number)
         assert isinstance(comp, Comparison) and comp.output_cosine_gap < 0 and comp.n_paired >= 12
         assert comp.spearman > 0.8
+        # compared on the log's terms: the stand-in's tables are its simulation on the first calibration
+        # sample with hb's formulas, its error 3x tuner's, so where their graphs agree (no Sigmoid upstream)
+        # real = 1 - 3 (1 - sim) to the log's 6 decimals; the pooled figure is kept beside it
+        assert comp.terms == TERMS and "compared on: " + TERMS in comp.text()
+        nodes = {n.node: n for n in comp.nodes}
+        for name in ("/stem/Conv", "/stem/Relu", "/res/Conv"):
+            n = nodes[name]
+            assert n.real_cosine == pytest.approx(1 - 3 * (1 - n.sim_cosine), abs=4e-6), name
+        assert comp.pooled_data == "evaluation data" and comp.pooled_samples == 8
+        assert all(o.sim_cosine_pooled is not None for o in comp.outputs)
         assert "gap" in comp.text() and comp.as_dict()["summary"]["output_cosine_gap"] == comp.output_cosine_gap
         # the real value went back into the study as a trial with the same parameters
         fed = study.trials[rec["feedback_trial"]]

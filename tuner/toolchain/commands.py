@@ -66,8 +66,11 @@ def cmd_import_log(args: argparse.Namespace) -> int:
 
         ws = Workspace.open(args.config, limit=args.limit, march=args.march, threads=args.threads,
                             progress=progress_printer("calibration statistics"))
-        ev = ws.simulator.evaluate(ws.base_candidate(), per_node=True)
-        comparison = Comparison.build(ev, log)
+        from tuner.toolchain.logterms import compare_with_log, log_simulator
+
+        # on the log's terms (first calibration sample, hb's formulas); pooled over the data as well
+        comparison = compare_with_log(log_simulator(ws), ws.base_candidate(), log, pooled_sim=ws.simulator,
+                                      pooled_data="calibration data")
         target = ws.target
     changes = None
     if args.update_target:

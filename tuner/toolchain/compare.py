@@ -3,6 +3,9 @@
 A :class:`Comparison` pairs the simulator's per-node rows (``Simulator.evaluate(...,
 per_node=True)``) with the rows of hb_mapper's log: cosine and threshold, placement and
 dtype as the tool decided vs as tuner assumed, and the int16 requests the tool refused.
+The simulated figures are normally computed on the log's terms (:mod:`tuner.toolchain.logterms`:
+the first calibration sample, hb_mapper's eps cosine and distances; ``terms`` says which), with
+each output's pooled cosine on the evaluation data beside them.
 Two summary figures say how far the simulation was: the Spearman rank correlation of the
 two per-node cosine columns (does the simulator find the same weak nodes?) and the output
 cosine gap (real minus simulated, mean over outputs; negative: the real model is worse).
@@ -14,6 +17,7 @@ no model node and are listed apart; model nodes without a row were fused away by
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +49,50 @@ def spearman(a: list[float], b: list[float]) -> float | None:
     if ra.std() == 0 or rb.std() == 0:
         return None
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def normalize_method(text: str | None) -> str | None:
+    """One spelling of a calibration method string, so that the log's ``Select ... method.`` and
+    tuner's :meth:`Calibration.describe` compare equal whichever form each uses.
+
+    Accepted: hb_mapper's (``max:per_channel``, ``max-percentile:percentile=0.99995,per_channel``,
+    ``kl:num_bin=1024,max_num_bin=16384``: suffixes comma-joined after a colon) and tuner's older one
+    (``max,per_channel``); ``_`` or ``-`` in the method name, any case, spaces, a trailing ``method.``.
+    Returned: ``name[:key=value,...,flag,...]`` with parameters sorted by key, numbers written
+    the same way (``0.999950`` = ``0.99995``) and flags sorted after them.
+    """
+    if text is None:
+        return None
+    t = re.sub(r"\s+", "", text.strip()).lower()
+    t = re.sub(r"^select", "", t)
+    t = re.sub(r"method\.?$", "", t).rstrip(".")
+    if not t:
+        return None
+    name, sep, rest = t.partition(":")
+    if not sep:
+        name, _, rest = t.partition(",")
+    name = name.replace("_", "-")
+    params, flags = [], []
+    for token in filter(None, rest.split(",")):
+        key, eq, value = token.partition("=")
+        if not eq:
+            flags.append(key.replace("-", "_"))
+            continue
+        try:
+            value = format(float(value), ".12g")
+        except ValueError:
+            pass
+        params.append(f"{key.replace('-', '_')}={value}")
+    tail = sorted(params) + sorted(set(flags))
+    return name + (":" + ",".join(tail) if tail else "")
+
+
+def same_method(a: str | None, b: str | None) -> bool | None:
+    """Whether two method strings name the same calibration; None when either is missing."""
+    na, nb = normalize_method(a), normalize_method(b)
+    if na is None or nb is None:
+        return None
+    return na == nb
 
 
 def int16_requests(candidate: Candidate) -> dict[str, str]:
@@ -87,8 +135,15 @@ class NodeComparison:
 @dataclass
 class OutputComparison:
     name: str
-    sim_cosine: float | None
+    sim_cosine: float | None                 # on the comparison's terms (Comparison.terms)
     real_cosine: float | None
+    sim_cosine_pooled: float | None = None   # plain cosine pooled over the evaluation data, same calibration
+    sim_l1: float | None = None              # hb_mapper's distances (tuner.metrics.hb), on the same terms
+    sim_l2: float | None = None
+    sim_chebyshev: float | None = None
+    real_l1: float | None = None
+    real_l2: float | None = None
+    real_chebyshev: float | None = None
 
     @property
     def gap(self) -> float | None:
@@ -106,6 +161,9 @@ class Comparison:
     log_only: list[str] = field(default_factory=list)
     without_row: list[str] = field(default_factory=list)
     source: str | None = None
+    terms: str | None = None                 # what the "sim" figures are (None: stored before this was said)
+    pooled_data: str | None = None           # where sim_cosine_pooled comes from
+    pooled_samples: int | None = None
 
     # -- summary figures -----------------------------------------------------------------
     def _paired(self) -> list[NodeComparison]:
@@ -137,6 +195,17 @@ class Comparison:
         return float(np.mean(v)) if v else None
 
     @property
+    def sim_output_cosine_pooled(self) -> float | None:
+        v = [o.sim_cosine_pooled for o in self.outputs if o.sim_cosine_pooled is not None]
+        return float(np.mean(v)) if v else None
+
+    @property
+    def same_method(self) -> bool | None:
+        """Whether the log's ``Select ... method.`` names tuner's choice (either spelling); None
+        when the log has no Select line."""
+        return same_method(self.real_method, self.sim_method)
+
+    @property
     def placement_differs(self) -> list[str]:
         return [n.node for n in self.nodes if n.placement_differs]
 
@@ -146,8 +215,17 @@ class Comparison:
 
     # -- building ------------------------------------------------------------------------
     @classmethod
-    def build(cls, ev: Evaluation, log: HbLog) -> "Comparison":
-        """Pair an evaluation made with ``per_node=True`` with a parsed log."""
+    def build(cls, ev: Evaluation, log: HbLog, figures=None, pooled: Evaluation | None = None,
+              terms: str | None = None, pooled_data: str | None = None,
+              pooled_samples: int | None = None) -> "Comparison":
+        """Pair an evaluation made with ``per_node=True`` with a parsed log.
+
+        ``figures`` (a :class:`tuner.toolchain.logterms.LogFigures`) replaces the evaluation's
+        cosines by hb_mapper's figures on the log's terms (``terms`` says which); without it the
+        evaluation's own (pooled, plain) cosines are compared. ``pooled``: an evaluation of the same
+        candidate and calibration whose output cosines are kept as ``sim_cosine_pooled``."""
+        hb_nodes = figures.nodes if figures is not None else None
+        hb_outputs = figures.outputs if figures is not None else {}
         requested = int16_requests(ev.candidate)
         refused_msgs = {e.node for e in log.refused()}
         used: set[int] = set()
@@ -167,27 +245,45 @@ class Comparison:
             nodes.append(NodeComparison(
                 node=r.name, op_type=r.op_type, sim_on=r.on, real_on=rows[0].on if rows else None,
                 sim_subgraph=r.subgraph, real_subgraph=rows[0].subgraph if rows else None,
-                sim_cosine=r.cosine, real_cosine=own.cosine if own else None,
+                sim_cosine=(r.cosine if hb_nodes is None else
+                            hb_nodes[r.name].cosine if r.name in hb_nodes and r.cosine is not None else None),
+                real_cosine=own.cosine if own else None,
                 sim_threshold=r.threshold, real_threshold=own.threshold if own else None,
                 sim_dtype=f"{r.in_dtype}/{r.out_dtype}",
                 real_dtype=_dtype_text(own or (rows[0] if rows else None)),
                 kernel=rows[0].kernel if rows else None, int16_requested=want, int16_refused=refused))
         log_only = [x.name for x in log.nodes if id(x) not in used]
         real_out = {o.name: o for o in log.outputs}
-        outputs = [OutputComparison(name=name, sim_cosine=m.get("cosine"),
-                                    real_cosine=real_out[name].cosine if name in real_out else None)
-                   for name, m in ev.outputs.items()]
-        outputs += [OutputComparison(name=o.name, sim_cosine=None, real_cosine=o.cosine)
+        outputs = []
+        for name, m in ev.outputs.items():
+            hb = hb_outputs.get(name)
+            real = real_out.get(name)
+            outputs.append(OutputComparison(
+                name=name, sim_cosine=hb.cosine if hb else None if figures is not None else m.get("cosine"),
+                real_cosine=real.cosine if real else None,
+                sim_cosine_pooled=pooled.outputs[name]["cosine"] if pooled is not None and name in pooled.outputs
+                else None,
+                sim_l1=hb.l1 if hb else None, sim_l2=hb.l2 if hb else None, sim_chebyshev=hb.chebyshev if hb else None,
+                real_l1=real.l1 if real else None, real_l2=real.l2 if real else None,
+                real_chebyshev=real.chebyshev if real else None))
+        outputs += [OutputComparison(name=o.name, sim_cosine=None, real_cosine=o.cosine, real_l1=o.l1, real_l2=o.l2,
+                                     real_chebyshev=o.chebyshev)
                     for o in log.outputs if o.name not in ev.outputs]
+        if terms is None and figures is None:
+            terms = "tuner pooled over its evaluation data, plain cosine (not hb_mapper's terms)"
         return cls(nodes=nodes, outputs=outputs, sim_method=ev.calibration.describe(), real_method=log.method,
-                   log_only=log_only, without_row=without_row, source=log.path)
+                   log_only=log_only, without_row=without_row, source=log.path, terms=terms,
+                   pooled_data=pooled_data if pooled is not None else None,
+                   pooled_samples=pooled_samples if pooled is not None else None)
 
     # -- (de)serialising -----------------------------------------------------------------
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["summary"] = {"spearman": self.spearman, "n_paired": self.n_paired,
                         "output_cosine_gap": self.output_cosine_gap, "real_output_cosine": self.real_output_cosine,
-                        "sim_output_cosine": self.sim_output_cosine, "placement_differs": self.placement_differs,
+                        "sim_output_cosine": self.sim_output_cosine,
+                        "sim_output_cosine_pooled": self.sim_output_cosine_pooled, "terms": self.terms,
+                        "same_method": self.same_method, "placement_differs": self.placement_differs,
                         "int16_refused": self.int16_refused}
         return jsonable(d)
 
@@ -202,11 +298,18 @@ class Comparison:
     def summary(self) -> str:
         rho = self.spearman
         gap = self.output_cosine_gap
-        lines = [f"output cosine: real {_f(self.real_output_cosine)}, simulated {_f(self.sim_output_cosine)}, "
-                 f"gap {_f(gap, sign=True)} (real - simulated)",
-                 f"per-node cosine rank correlation (Spearman): {_f(rho, 3)} over {self.n_paired} node(s)"]
+        lines = [f"compared on: {self.terms or 'not recorded (stored before; tuner pooled over its evaluation data)'}",
+                 f"output cosine: real {_f(self.real_output_cosine)}, simulated {_f(self.sim_output_cosine)}, "
+                 f"gap {_f(gap, sign=True)} (real - simulated)"]
+        if self.sim_output_cosine_pooled is not None:
+            n = f" ({self.pooled_samples} sample(s))" if self.pooled_samples else ""
+            lines.append(f"simulated output cosine pooled over the {self.pooled_data or 'evaluation data'}{n}: "
+                         f"{_f(self.sim_output_cosine_pooled)} (plain cosine, same calibration)")
+        lines.append(f"per-node cosine rank correlation (Spearman): {_f(rho, 3)} over {self.n_paired} node(s)")
         if self.real_method or self.sim_method:
-            lines.append(f"calibration: real {self.real_method or '(no Select line)'}, simulated {self.sim_method}")
+            verdict = {True: " (same method)", False: " (different methods)", None: ""}[self.same_method]
+            lines.append(f"calibration: real {self.real_method or '(no Select line)'}, simulated {self.sim_method}"
+                         + verdict)
         if self.placement_differs:
             lines.append(f"placement differs on {len(self.placement_differs)} node(s): "
                          + ", ".join(self.placement_differs[:8]) + (" ..." if len(self.placement_differs) > 8 else ""))
@@ -237,8 +340,11 @@ class Comparison:
     def output_table(self) -> str:
         from tuner.report.text import table
 
-        return table(["Output", "Cosine real", "Cosine sim", "gap"],
-                     [[o.name, _f(o.real_cosine), _f(o.sim_cosine), _f(o.gap, sign=True)] for o in self.outputs])
+        return table(["Output", "Cosine real", "Cosine sim", "gap", "Cosine sim pooled", "L1 real", "L1 sim",
+                      "L2 real", "L2 sim", "Chebyshev real", "Chebyshev sim"],
+                     [[o.name, _f(o.real_cosine), _f(o.sim_cosine), _f(o.gap, sign=True), _f(o.sim_cosine_pooled),
+                       _f(o.real_l1), _f(o.sim_l1), _f(o.real_l2), _f(o.sim_l2), _f(o.real_chebyshev),
+                       _f(o.sim_chebyshev)] for o in self.outputs])
 
     def text(self) -> str:
         return "\n\n".join([self.node_table(), self.output_table(), self.summary()])

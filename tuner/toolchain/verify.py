@@ -158,6 +158,7 @@ class StudyContext:
         self.info = study_info(study)
         self.threads = threads
         self._ws = None
+        self._log_sim = None     # the simulator on the log's terms (tuner.toolchain.logterms)
 
     @property
     def objective(self) -> str:
@@ -182,9 +183,14 @@ class StudyContext:
     def compare(self, row: results.Row, log: HbLog) -> Comparison:
         from tuner.candidate import Candidate
 
+        from tuner.toolchain.logterms import compare_with_log, log_simulator
+
         cand = Candidate.from_yaml_fields(row.record["candidate"])
-        ev = self.workspace().simulator.evaluate(cand, per_node=True)
-        return Comparison.build(ev, log)
+        ws = self.workspace()
+        if self._log_sim is None:
+            self._log_sim = log_simulator(ws)
+        # on the log's terms (first calibration sample, hb's formulas); pooled over the study's data as well
+        return compare_with_log(self._log_sim, cand, log, pooled_sim=ws.simulator, pooled_data="evaluation data")
 
     def export(self, row: results.Row, folder: Path) -> Path:
         """The trial's YAML in ``folder``, building into ``folder/model_output``."""
