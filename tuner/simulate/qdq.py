@@ -10,6 +10,7 @@ onnxruntime then runs it.
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 
 import numpy as np
@@ -46,6 +47,31 @@ def weight_scales(w: np.ndarray, axis: int) -> np.ndarray:
     axis = axis % w.ndim
     amax = np.abs(np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)).max(axis=1)
     return np.where(amax > 0, amax / 127.0, 1.0)
+
+
+def input_channel_of(w_shape: tuple[int, ...], group: int) -> np.ndarray:
+    """For a Conv weight [Cout, Cin/g, ...], the input channel each (o, j) reads: (o // (Cout/g)) * Cin/g + j."""
+    cout, cin_g = w_shape[0], w_shape[1]
+    per_group = max(1, cout // max(1, group))
+    o = np.arange(cout)[:, None]
+    j = np.arange(cin_g)[None, :]
+    return (o // per_group) * cin_g + j
+
+
+def equalized_weight(w: np.ndarray, ratio: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """hb_mapper's activation equalization of a Conv whose input has channel scales s_c.
+
+    ``ActivationEqualization`` (hb_quantizer_facts 1.5, src 24558990649 / 24271918369) multiplies the
+    Conv weight along its input-channel axis by ``ratio_c = s_c / max(s)``, quantizes the input with
+    the channel scales and dequantizes it with ``max(s)``; the weights are calibrated afterwards, on the
+    scaled weights (per output channel). Returns (the weight the float Conv must use so that it
+    computes exactly that with a per-channel fake-quantized input: ``fq(W * ratio) / ratio``, the
+    int8 weight scales of ``W * ratio``).
+    """
+    r = ratio[input_channel_of(w.shape, group)].reshape(w.shape[:2] + (1,) * (w.ndim - 2)).astype(np.float64)
+    scaled = w.astype(np.float64) * r
+    fq = fake_quant_weight(scaled, 0)
+    return (fq / r).astype(w.dtype), weight_scales(scaled, 0)
 
 
 class WeightCache:
@@ -131,7 +157,7 @@ _ZP_TYPES = {"b": "int8", "B": "uint8", "h": "int16"}
 def _quant_point(tensor: str, dtype: str, src: str, s, memo: dict, fused: bool) -> tuple:
     """(initializers, nodes, output) of one quantization point: a FakeQuant node when ``fused``
     and its zero point allows, else QuantizeLinear and DequantizeLinear."""
-    base_name = f"{tensor}__{dtype}"
+    base_name = f"{tensor}__{dtype}" + ("_pc" if s.axis is not None else "")
     scale = np.asarray(s.scale, np.float32)
     scale_t = onnx.TensorProto(name=f"{base_name}_scale", data_type=onnx.TensorProto.FLOAT, dims=scale.shape,
                                raw_data=scale.tobytes())
@@ -171,11 +197,14 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     qdq_after: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # Q/DQ pairs, keyed by the tensor they read
     made: dict[tuple[str, str], str] = {}
 
-    def quantized(tensor: str, dtype: str, source: str | None = None) -> str:
-        key = (tensor, dtype)
+    def quantized(tensor: str, dtype: str, source: str | None = None, channel: bool = False) -> str:
+        key = (tensor, dtype, channel)
         if key in made:
             return made[key]
-        s = scales.get(plan.scale_of.get(tensor, tensor), dtype)
+        s = scales.get(plan.scale_of.get(tensor, tensor), dtype, channel)
+        if s.axis is None and channel:   # per-tensor after all: share the per-tensor point
+            made[key] = quantized(tensor, dtype, source)
+            return made[key]
         src = source or tensor
         zp = np.asarray(s.zero_point)
         point_key = ("qdq", fused, tensor, dtype, src, s.axis, np.asarray(s.scale).tobytes(), zp.dtype.char,
@@ -192,14 +221,18 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     # Quantized model outputs: the producer writes "<out>__raw"; Q/DQ writes "<out>".
     raw = {out: f"{out}__raw" for out in plan.outputs}
     inputs_of: dict[tuple[str, int], str] = {}
+    weighted = set(plan.weights)
+    # per_channel activation scales only on the data input of a (weighted, BPU) Conv: hb_mapper
+    # deploys them by equalizing that Conv's weights (tuner.simulate.scales).
+    equalized = {node for (node, k) in plan.edges if k == 0 and node in weighted
+                 and graph.by_name[node].op_type == "Conv"}
     for (node, k), (tensor, dtype) in plan.edges.items():
-        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor))
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=k == 0 and node in equalized)
     for (node, k), (tensor, dtype) in plan.cpu_reads.items():
         inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor))
 
     out_dq = {out: quantized(out, dtype, raw[out]) for out, dtype in plan.outputs.items()}
 
-    weighted = set(plan.weights)
     weight_names: set[str] = set()
     # Emitted in topological order: graph inputs' Q/DQ first, each node followed by the Q/DQ
     # pairs that read its outputs.
@@ -218,25 +251,38 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         if n.name in weighted:
             idx, axis = target.weight_ops[n.op_type]
             w_init, w_axis = graph.initializers[n.inputs[idx]], weight_axis(n.proto, n.op_type, axis)
-            wq = weights.get(w_init, w_axis)
+            source = plan.edges.get((n.name, 0)) or plan.passthrough.get((n.name, 0))
+            s_in = None
+            if source is not None:
+                # The scale the input's Q/DQ actually uses (a same-scale op upstream lends its own).
+                s_in = scales.get(plan.scale_of.get(source[0], source[0]), source[1], n.name in equalized)
+            if s_in is not None and s_in.axis is not None:
+                ratio = np.asarray(s_in.scale, np.float64) / s_in.dequantize_scale
+                group = next((a.i for a in n.proto.attribute if a.name == "group"), 1)
+                eq_key = ("eq", w_init.name, group, ratio.tobytes())
+                if eq_key not in memo:
+                    w_eq, w_scales = equalized_weight(numpy_helper.to_array(w_init), ratio, group)
+                    digest = hashlib.sha256(ratio.tobytes()).hexdigest()[:12]
+                    memo[eq_key] = (numpy_helper.from_array(w_eq, name=f"{w_init.name}__w8eq{digest}"), w_scales)
+                wq, w_scales = memo[eq_key]
+                in_scale = s_in.dequantize_scale
+            else:
+                wq, w_scales = weights.get(w_init, w_axis), weights.scales(w_init, w_axis)
+                in_scale = float(s_in.scale) if s_in is not None else None
             proto.input[idx] = wq.name
             new_inits[wq.name] = wq
             weight_names.add(wq.name)
             bias_name = n.inputs[2] if len(n.inputs) > 2 and n.op_type in BIAS_OPS else ""
-            source = plan.edges.get((n.name, 0)) or plan.passthrough.get((n.name, 0))
-            if target.quantize_bias and bias_name in graph.initializers and source is not None:
-                # The scale the input's Q/DQ actually uses (a same-scale op upstream lends its own).
-                s_in = scales.get(plan.scale_of.get(source[0], source[0]), source[1])
-                if s_in.axis is None and s_in.zero_point.dtype != np.uint8:
-                    bias_key = ("bias", bias_name, n.name, w_init.name, w_axis, float(s_in.scale))
-                    if bias_key not in memo:
-                        b = numpy_helper.to_array(graph.initializers[bias_name])
-                        memo[bias_key] = numpy_helper.from_array(
-                            quantize_bias(b, float(s_in.scale), weights.scales(w_init, w_axis)),
-                            name=f"{bias_name}__b32_{n.name}")
-                    bq = memo[bias_key]
-                    new_inits[bq.name] = bq
-                    proto.input[2] = bq.name
+            if target.quantize_bias and bias_name in graph.initializers and in_scale is not None \
+                    and not np.asarray(s_in.zero_point).any():
+                bias_key = ("bias", bias_name, n.name, wq.name, w_axis, in_scale)
+                if bias_key not in memo:
+                    b = numpy_helper.to_array(graph.initializers[bias_name])
+                    memo[bias_key] = numpy_helper.from_array(quantize_bias(b, in_scale, w_scales),
+                                                             name=f"{bias_name}__b32_{n.name}")
+                bq = memo[bias_key]
+                new_inits[bq.name] = bq
+                proto.input[2] = bq.name
         nodes.append(proto)
         for out in proto.output:
             nodes.extend(qdq_after.get(out, []))

@@ -2,6 +2,19 @@
 
 Every method is a cheap function of the one-pass statistics (``tuner.calib``), so switching
 method costs no data pass. Thresholds are memoised per (tensor, method, dtype).
+
+Two of hb_mapper's rules live here (hb_quantizer_facts section 1, read from horizon_nn's source):
+
+* **per_channel** activation scales exist only in front of a Conv, where hb_mapper deploys them by
+  equalization (``ActivationEqualization``, src 24558990649 / 24271918369): every other use of a
+  tensor stays per-tensor. :meth:`ScaleTable.get` gives per-channel scales only when asked for a
+  Conv input (``channel=True``); :mod:`tuner.simulate.qdq` folds them into the Conv's weights.
+* **asymmetric** does not compute min/max affine ranges: the asymmetric variants reuse the
+  symmetric thresholds (src 24313449169), and the eligible calibration nodes become ``uint8`` with
+  scale ``T / 255`` and zero point 0, i.e. the range [0, T] (src 24364465367). Which nodes are
+  eligible is decided in C++; tuner takes the non-negative tensors (min >= 0, e.g. after a ReLU)
+  [inferred, hb_quantizer_facts 1.6]. Signed tensors stay int8 symmetric. The method's clipping
+  (max-percentile, kl) is kept.
 """
 
 from __future__ import annotations
@@ -10,12 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.calib.methods import asymmetric_range, channel_thresholds
+from tuner.calib.methods import channel_thresholds
 from tuner.calib.thresholds import ThresholdMemo
 from tuner.calib.stats import TensorStats
 from tuner.candidate import Calibration
 
-QMAX = {"int8": 127, "int16": 32767}
+QMAX = {"int8": 127, "int16": 32767, "uint8": 255}
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,12 @@ class Scale:
     zero_point: np.ndarray     # same shape; int8/int16/uint8 dtype
     axis: int | None
     threshold: float           # the per-tensor threshold (for tables)
+
+    @property
+    def dequantize_scale(self) -> float:
+        """The single scale an equalized Conv input is dequantized with: the largest channel's
+        (HzCalibration's ``dequantize_scale``, hb_quantizer_facts 4.1)."""
+        return float(np.max(self.scale))
 
 
 def method_of(cal: Calibration) -> tuple[str, float | None]:
@@ -50,24 +69,28 @@ class ScaleTable:
     def threshold(self, tensor: str, dtype: str = "int8") -> float:
         return self.get(tensor, dtype).threshold
 
-    def get(self, tensor: str, dtype: str) -> Scale:
-        key = (tensor, dtype)
+    def get(self, tensor: str, dtype: str, channel: bool = False) -> Scale:
+        """The scale of ``tensor`` in ``dtype``; per-channel (axis 1) only with ``channel`` (a Conv
+        input) under a per_channel calibration and when the tensor has several channels."""
+        channel = channel and self.calibration.per_channel
+        key = (tensor, dtype, channel)
         if key not in self._cache:
-            self._cache[key] = self._compute(tensor, dtype)
+            self._cache[key] = self._compute(tensor, dtype, channel)
         return self._cache[key]
 
-    def _compute(self, tensor: str, dtype: str) -> Scale:
+    def unsigned(self, tensor: str, dtype: str) -> bool:
+        """Asymmetric calibration turns this tensor's int8 node into uint8 (range [0, T])."""
+        return self.calibration.asymmetric and dtype == "int8" and self.stats[tensor].min >= 0.0
+
+    def _compute(self, tensor: str, dtype: str, channel: bool) -> Scale:
         st = self.stats[tensor]
-        qmax = QMAX[dtype]
-        zdtype = np.int16 if dtype == "int16" else np.int8
-        t = self.memo.get(tensor, self.method, self.percentile, qmax)
-        if self.calibration.asymmetric and dtype == "int8":
-            lo, hi = asymmetric_range(st)
-            scale = (hi - lo) / 255.0 if hi > lo else 1.0
-            zp = np.uint8(np.clip(np.round(-lo / scale), 0, 255))
-            return Scale(np.float32(scale), zp, None, t)
-        if self.calibration.per_channel and st.channel_absmax is not None and st.channel_absmax.size > 1:
-            ct = channel_thresholds(st, self.method, percentile=self.percentile, qmax=qmax)
+        unsigned = self.unsigned(tensor, dtype)
+        qmax = QMAX["uint8" if unsigned else dtype]
+        zdtype = np.uint8 if unsigned else np.int16 if dtype == "int16" else np.int8
+        # Thresholds are those of the signed grid: the asymmetric variant copies them (1.6).
+        t = self.memo.get(tensor, self.method, self.percentile, QMAX[dtype])
+        if channel and st.channel_absmax is not None and st.channel_absmax.size > 1:
+            ct = channel_thresholds(st, self.method, percentile=self.percentile, qmax=QMAX[dtype])
             ct = np.where(ct > 0, ct, max(t, 1e-30))
             scales = (ct / qmax).astype(np.float32)
             return Scale(scales, np.zeros(scales.shape, zdtype), 1, t)
