@@ -219,3 +219,28 @@ def test_mix_takes_per_node_methods(example):
     assert sim.evaluate(Candidate.make(mix.base)).outputs != ev.outputs
     assert any("select top-1 nodes" in note for note in ev.notes)
 
+
+
+def test_eval_shows_the_mix_choice_and_its_merge_info(example):
+    """`tuner eval` prints hb's Merge_Info table for a mix YAML; --json carries the merge."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = yaml.safe_load(example.config.path.read_text())
+    cfg["calibration_parameters"]["calibration_type"] = "mix"
+    path = example.config.path.with_name("mix.yaml")
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    run = [sys.executable, "-m", "tuner", "eval", str(path), "--no-nodes"]
+    text = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "Merge_Info(cosine-similarity)" in text.stdout
+    merge_line = next(line for line in text.stdout.splitlines() if line.startswith("input "))
+    assert "(select)" in merge_line
+    assert "calibration mix:base=" in text.stdout and "kl:num_bin=1024,max_num_bin=16384 on 1 node(s)" in text.stdout
+    out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)["calibration"]
+    assert data["type"] == "mix" and data["merged"] == [{"node": "input", "method": "kl:num_bin=1024,max_num_bin=16384"}]
+    assert data["merge_info"][0]["node"] == "input" and data["merge_info"][0]["selected"].startswith("kl:")
+    assert len(data["ranking"]) == 3 and data["base"]["method"] == data["ranking"][0]["method"]
