@@ -111,7 +111,8 @@ def test_below_0995_the_example_evaluates_12_methods_and_picks_by_the_documented
     scores = dict(choice.scores)
     assert max(scores[m] for m in PER_TENSOR_METHODS) < SIMILARITY_TARGET
     assert ev.calibration == choice.method == Calibration("max", per_channel=True)
-    assert ev.notes[:2] == ["default calibration: Select max:per_channel method.", "Perchannel quantization is enabled."]
+    assert ev.notes[:2] == ["default calibration: Select max:per_channel method.",
+                            "Perchannel quantization is enabled."]
     first = next(iter(example.calibration_data))
     for m in (choice.method, Calibration("max"), Calibration("kl", per_channel=True)):
         assert scores[m] == pytest.approx(own_score(example, m, first), abs=1e-9), m.describe()
@@ -241,6 +242,7 @@ def test_eval_shows_the_mix_choice_and_its_merge_info(example):
     out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)["calibration"]
-    assert data["type"] == "mix" and data["merged"] == [{"node": "input", "method": "kl:num_bin=1024,max_num_bin=16384"}]
+    assert data["type"] == "mix"
+    assert data["merged"] == [{"node": "input", "method": "kl:num_bin=1024,max_num_bin=16384"}]
     assert data["merge_info"][0]["node"] == "input" and data["merge_info"][0]["selected"].startswith("kl:")
     assert len(data["ranking"]) == 3 and data["base"]["method"] == data["ranking"][0]["method"]

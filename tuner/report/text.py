@@ -97,8 +97,9 @@ def merge_info_table(ev: Evaluation) -> str:
     methods = [m for m, _ in cal.ranking] or list(dict.fromkeys(m for _, vals in cal.merge_info for m, _ in vals))
     rows = []
     for row in cal.merge_rows():
-        rows.append([row["node"]] + [_fmt(row["cosine"].get(m.describe())) + ("(select)" if m.describe() == row["selected"]
-                                                                              else "") for m in methods])
+        cells = [_fmt(row["cosine"].get(m.describe())) + ("(select)" if m.describe() == row["selected"] else "")
+                 for m in methods]
+        rows.append([row["node"]] + cells)
     return "Merge_Info(cosine-similarity)\n" + table(["Node"] + [m.describe() for m in methods], rows)
 
 

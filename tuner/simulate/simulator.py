@@ -304,7 +304,8 @@ class Simulator:
             return {k: v.copy() for k, v in self._labels[i].items()}
         return self.labels.sample(i) if self.labels is not None else None
 
-    def _rows(self, plan: Plan, calibration: Calibration | MixedCalibration, sims: dict[str, Similarity]) -> list[NodeRow]:
+    def _rows(self, plan: Plan, calibration: Calibration | MixedCalibration,
+              sims: dict[str, Similarity]) -> list[NodeRow]:
         scales = self.scales(calibration)
         rows = []
         for node in self.graph:
