@@ -200,7 +200,7 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
         float_wall.append(time.perf_counter() - t0)
         float_cpu.append(time.process_time() - c0)
         t0 = time.perf_counter()
-        simulator = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads)
+        simulator = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads, calibration_data=ws.calibration_data)
         setup_s.append(time.perf_counter() - t0)
         before = simulator.session_builds
         for name, cand in cands:
@@ -269,7 +269,7 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
     if simulator.fused:
         rows.append((f"{cands[0][0]}, as Q/DQ pairs", cands[0][1], False))
     for name, cand, fused in rows:
-        b = breakdown(ws, Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads), cand, fused)
+        b = breakdown(ws, Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads, calibration_data=ws.calibration_data), cand, fused)
         runs[fused].append(b["run"])
         print(f"{name:<34}" + "".join(f"{b[c]:>12.3f}" for c in cols) + f"{b['points']:>8d}  "
               f"{'FakeQuant' if fused else 'Q/DQ'}")

@@ -52,6 +52,17 @@ def test_describe_matches_hb_mapper_log_wording():
     assert Calibration("max", 0.99995, True).describe() == "max-percentile:percentile=0.99995,per_channel"
     assert Calibration("max").describe() == "max"
     assert Calibration("kl", per_channel=True).describe() == "kl:num_bin=1024,max_num_bin=16384,per_channel"
+    assert Calibration("kl").describe() == "kl:num_bin=1024,max_num_bin=16384"
+    assert Calibration("max", 0.99995).describe() == "max-percentile:percentile=0.99995"
+    assert Calibration("max", 1.0, True).describe() == "max:per_channel"   # p = 1 is plain max
+    assert Calibration("max", per_channel=True).describe() == "max:per_channel"
+    assert Calibration("max", asymmetric=True).describe() == "max:asymmetric"
+    assert Calibration("max", per_channel=True, asymmetric=True).describe() == "max:per_channel,asymmetric"
+    assert Calibration("kl", per_channel=True, asymmetric=True).describe() == \
+        "kl:num_bin=1024,max_num_bin=16384,per_channel,asymmetric"
+    # seven digits survive (%g printed 1)
+    assert Calibration("max", 0.999995).describe() == "max-percentile:percentile=0.999995"
+    assert Calibration("max", 0.9999995, True).describe() == "max-percentile:percentile=0.9999995,per_channel"
 
 
 def test_bernoulli2_ignores_node_info_but_keeps_run_on_cpu(tiny_project):
@@ -74,7 +85,7 @@ def test_calibration_parse_short_forms():
 
     assert Calibration.parse("kl") == Calibration(type="kl")
     assert Calibration.parse("max:0.99995+pc") == Calibration(type="max", max_percentile=0.99995, per_channel=True)
-    assert Calibration.parse(" max+pc ").describe() == "max,per_channel"
+    assert Calibration.parse(" max+pc ").describe() == "max:per_channel"
     for bad, fragment in (("mse", "expected max, kl"), ("kl:0.9", "max only"), ("max:abc", "not a number"),
                           ("max:1.5", "(0, 1]")):
         with pytest.raises(TunerError, match=fragment.replace("(", r"\(").replace("]", r"\]")):

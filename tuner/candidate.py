@@ -57,18 +57,30 @@ class Calibration:
         return cls(type=ctype, max_percentile=percentile, per_channel=per_channel)
 
     def describe(self) -> str:
-        """The method line as hb_mapper logs it, e.g. ``max-percentile:percentile=0.99995,per_channel``."""
+        """The method string as hb_mapper logs it (``Select <method> method.``).
+
+        Format of horizon_nn's ``CalibrationMethod.__str__`` [facts 2.2, src 24158003755]: the
+        kernel parameters (``num_bin``/``max_num_bin`` for kl, ``percentile`` for max-percentile),
+        then ``per_channel``, then ``asymmetric``, comma-joined after one colon; a method without any
+        is its bare name: ``max``, ``max:per_channel``, ``max:per_channel,asymmetric``,
+        ``max-percentile:percentile=0.99995,per_channel``, ``kl:num_bin=1024,max_num_bin=16384``.
+        The percentile is printed as Python prints the float (the source formats it with an
+        f-string), so 0.999995 keeps its seven digits (``%g`` would print 1).
+        """
+        params = []
         if self.type == "max" and self.max_percentile not in (None, 1.0):
-            text = f"max-percentile:percentile={self.max_percentile:g}"
+            name = "max-percentile"
+            params.append(f"percentile={float(self.max_percentile)!r}")
         elif self.type == "kl":
-            text = "kl:num_bin=1024,max_num_bin=16384"
+            name = "kl"
+            params += ["num_bin=1024", "max_num_bin=16384"]
         else:
-            text = self.type
+            name = self.type
         if self.per_channel:
-            text += ",per_channel"
+            params.append("per_channel")
         if self.asymmetric:
-            text += ",asymmetric"
-        return text
+            params.append("asymmetric")
+        return f"{name}:{','.join(params)}" if params else name
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(text.summary_line(ev))
     for note in ev.notes:
         print(f"note: {note}")
+    merge = text.merge_info_table(ev)
+    if merge:
+        print()
+        print(merge)
     print()
     print(text.output_table(ev))
     print(f"\nmean output cosine {ev.mean_cosine:.6f}  ({ev.seconds:.2f} s)")

@@ -91,7 +91,8 @@ class Workspace:
         if self._simulator is None:
             self._simulator = Simulator(self.model, self.target, self.stats, self.eval_data, self.threads,
                                         thresholds=self.thresholds, task_metrics=self.task_metrics,
-                                        labels=self.labels, user_base=self.user_base)
+                                        labels=self.labels, user_base=self.user_base,
+                                        calibration_data=self.calibration_data)
         return self._simulator
 
     def base_candidate(self) -> Candidate:

@@ -10,7 +10,7 @@ from tuner.metrics import Similarity
 from tuner.simulate.oracle import ort_quantize, ort_semantics
 from tuner.simulate.plan import make_plan
 from tuner.simulate.session import make_session
-from tuner.simulate.simulator import DEFAULT_GRID
+from tuner.simulate.calibrate import rank
 from tuner.workspace import Workspace
 
 
@@ -55,12 +55,15 @@ def test_per_channel_helps_when_one_input_channel_is_on_another_scale(ws):
     assert per_channel.mean_cosine > per_tensor.mean_cosine
 
 
-def test_default_calibration_picks_the_best_of_its_grid(ws):
-    ev = ws.simulator.evaluate(Candidate.make(Calibration("default")))
-    scores = {c: ws.simulator.evaluate(Candidate.make(c)).mean_cosine for c in DEFAULT_GRID}
-    assert ev.calibration == max(scores, key=scores.get)
-    assert ev.mean_cosine == pytest.approx(max(scores.values()))
-    assert any("Select" in n for n in ev.notes)
+def test_default_calibration_is_the_search_winner_evaluated_on_the_evaluation_set(ws):
+    """default picks by hb_mapper's model-wise score on the first calibration sample
+    (tests/simulate/test_calibrate.py); the evaluation is then the winner's, like an explicit one."""
+    cand = Candidate.make(Calibration("default"))
+    ev = ws.simulator.evaluate(cand)
+    choice = ws.simulator.choice(cand)
+    assert ev.calibration == choice.method == rank(dict(choice.scores))[0]
+    assert ev.outputs == ws.simulator.evaluate(Candidate.make(choice.method)).outputs
+    assert ev.notes[0] == f"default calibration: Select {choice.method.describe()} method."
 
 
 def test_repeated_candidate_reuses_its_session(ws):

@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
         if s.output_type == "int16":
             log_lines.append(f"The output of node {name} are set to : int16")
     add("Start to calibrate the model.")
-    if cand.calibration.type in ("default", "mix"):
+    if cand.calibration.type == "default":   # mix skips the model-wise search: no Select line (facts 1.9)
         add(f"Select {ev.calibration.describe()} method.", "modelwise_search")
     for name in refused:
         add(f"The int16 of node '{name}' is not supported in this context, fall back to int8.", "quantizer")

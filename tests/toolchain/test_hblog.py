@@ -186,3 +186,17 @@ def test_spearman_rank_correlation():
     assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / 3 ** 0.5)   # ties share the mean rank
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+@pytest.mark.parametrize("cal_args", [dict(type="max", per_channel=True), dict(type="max", asymmetric=True),
+                                      dict(type="max", per_channel=True, asymmetric=True),
+                                      dict(type="max", max_percentile=0.999995),
+                                      dict(type="kl", per_channel=True, asymmetric=True)])
+def test_the_select_line_of_every_default_method_reads_back_as_the_simulated_method_string(cal_args):
+    """The verify/import-log comparison sets log.method against Calibration.describe(): they must
+    be the same text for each of default's 12 methods (colon form, facts 2.2)."""
+    from tuner.candidate import Calibration
+
+    text = Calibration(**cal_args).describe()
+    log = parse_log(NEW.replace("Select max-percentile:percentile=0.99995,per_channel method.", f"Select {text} method."))
+    assert log.method == text

@@ -6,7 +6,9 @@ import json
 import math
 from typing import Any
 
+from tuner.candidate import Calibration
 from tuner.simulate import Evaluation
+from tuner.simulate.calibrate import MixedCalibration
 
 
 def _fmt(value: float | None, digits: int = 6) -> str:
@@ -70,6 +72,37 @@ def summary_line(ev: Evaluation) -> str:
             f"{c['int16_nodes']} int16 node(s)")
 
 
+def _method_dict(cal: Calibration) -> dict[str, Any]:
+    return {"type": cal.type, "max_percentile": cal.max_percentile, "per_channel": cal.per_channel,
+            "asymmetric": cal.asymmetric, "method": cal.describe()}
+
+
+def calibration_dict(cal: Calibration | MixedCalibration) -> dict[str, Any]:
+    """The simulated calibration; for ``mix`` also its base, the nodes that took another method
+    and hb's Merge_Info table (every sensitive node's single-node cosine under each method)."""
+    if not isinstance(cal, MixedCalibration):
+        return _method_dict(cal)
+    return {"type": "mix", "method": cal.describe(), "base": _method_dict(cal.base),
+            "merged": [{"node": t, "method": m.describe()} for t, m in cal.merged],
+            "ranking": [{"method": m.describe(), "score": v} for m, v in cal.ranking],
+            "merge_info": cal.merge_rows()}
+
+
+def merge_info_table(ev: Evaluation) -> str:
+    """hb_mapper's "Merge_Info(cosine-similarity)" table of a ``mix`` evaluation ("" otherwise):
+    one row per sensitive node, its single-node cosine under each method, the selected one marked."""
+    cal = ev.calibration
+    if not isinstance(cal, MixedCalibration) or not cal.merge_info:
+        return ""
+    methods = [m for m, _ in cal.ranking] or list(dict.fromkeys(m for _, vals in cal.merge_info for m, _ in vals))
+    rows = []
+    for row in cal.merge_rows():
+        cells = [_fmt(row["cosine"].get(m.describe())) + ("(select)" if m.describe() == row["selected"] else "")
+                 for m in methods]
+        rows.append([row["node"]] + cells)
+    return "Merge_Info(cosine-similarity)\n" + table(["Node"] + [m.describe() for m in methods], rows)
+
+
 def evaluation_dict(ev: Evaluation, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     def clean(v: Any) -> Any:
         if isinstance(v, float) and not math.isfinite(v):
@@ -78,9 +111,7 @@ def evaluation_dict(ev: Evaluation, extra: dict[str, Any] | None = None) -> dict
 
     out: dict[str, Any] = dict(extra or {})
     out.update({
-        "calibration": {"type": ev.calibration.type, "max_percentile": ev.calibration.max_percentile,
-                        "per_channel": ev.calibration.per_channel, "asymmetric": ev.calibration.asymmetric,
-                        "method": ev.calibration.describe()},
+        "calibration": calibration_dict(ev.calibration),
         "requested": ev.candidate.to_yaml_fields(),
         "outputs": {k: {m: clean(v) for m, v in d.items()} for k, d in ev.outputs.items()},
         "mean_output_cosine": ev.mean_cosine,

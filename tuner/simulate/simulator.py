@@ -9,6 +9,7 @@ evaluation data through it once.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
 from tuner.metrics.task import TaskScore, load_user_metrics
 from tuner.simulate import fakequant
+from tuner.simulate.calibrate import (DEFAULT_SEARCH_SAMPLES, MIX_SENSITIVITY_SAMPLES, DefaultChoice, MixedCalibration,
+                                      MixScales, calibration_nodes, choose_default, choose_mix, search_score,
+                                      single_node_plan)
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
 from tuner.simulate.scales import ScaleTable
@@ -33,10 +37,6 @@ from tuner.simulate.session import make_session, run_samples, with_outputs
 
 #: Evaluation inputs up to this size stay in memory after set-up (beyond it they are streamed from disk).
 SAMPLE_CACHE_BYTES = 512 * 2**20
-
-#: What hb_mapper's ``default`` tries (horizon_nn 1.1.0 log, reference 6.1), best output cosine wins.
-DEFAULT_GRID = tuple(Calibration(type=t, max_percentile=p, per_channel=pc)
-                     for t, p in (("max", None), ("max", 0.99995), ("kl", None)) for pc in (False, True))
 
 
 @dataclass
@@ -56,7 +56,7 @@ class NodeRow:
 @dataclass
 class Evaluation:
     candidate: Candidate
-    calibration: Calibration                      # the explicit calibration that was simulated
+    calibration: Calibration | MixedCalibration   # the explicit calibration that was simulated
     outputs: dict[str, dict[str, float]]
     plan: Plan
     task: dict[str, float] = field(default_factory=dict)     # task metrics by spec text ("miou:seg")
@@ -75,11 +75,18 @@ class Evaluation:
 
 
 class Simulator:
-    """Evaluates candidates of one model on one data set. Not thread-safe; one per process."""
+    """Evaluates candidates of one model on one data set. Not thread-safe; one per process.
+
+    ``data`` is the evaluation set. ``calibration_data`` is where ``default`` and ``mix`` choose
+    their methods, as hb_mapper does (on the calibration set, facts 2.2): only its first
+    ``DEFAULT_SEARCH_SAMPLES`` samples are read, once, when a search first needs them. Without it
+    (None) the first evaluation sample stands in.
+    """
 
     def __init__(self, model: LoadedModel, target: Target, stats: dict[str, TensorStats], data: DataSet,
                  threads: int | None = None, session_cache: int = 4, thresholds: ThresholdMemo | None = None,
-                 task_metrics: list | None = None, labels=None, user_base=None):
+                 task_metrics: list | None = None, labels=None, user_base=None,
+                 calibration_data: DataSet | None = None):
         self.model = model
         self.target = target
         self.stats = stats
@@ -98,9 +105,12 @@ class Simulator:
         self._build_memo: dict = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
         self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
         self._session_cache = session_cache
-        self._default_choice: dict[tuple, Calibration] = {}
-        self._scale_tables: dict[Calibration, ScaleTable] = {}
+        self.calibration_data = calibration_data
+        self._search: tuple[list, list] | None = None   # (samples, float outputs) of the method searches
+        self._choices: dict[tuple, DefaultChoice | MixedCalibration] = {}
+        self._scale_tables: dict = {}
         self.session_builds = 0
+        self.search_evaluations = 0    # model runs of default's / mix's method comparison (not mix's per-node ones)
         # Weights do not depend on the candidate: fake-quantize them all once, here.
         for node in self.graph:
             if node.op_type in target.weight_ops:
@@ -135,33 +145,84 @@ class Simulator:
         self.float_seconds = time.perf_counter() - t0
 
     # -- calibration -------------------------------------------------------------------
-    def scales(self, calibration: Calibration) -> ScaleTable:
+    def scales(self, calibration: Calibration | MixedCalibration) -> ScaleTable | MixScales:
         if calibration not in self._scale_tables:
-            self._scale_tables[calibration] = ScaleTable(self.stats, calibration, self.thresholds)
+            if isinstance(calibration, MixedCalibration):
+                self._scale_tables[calibration] = MixScales(calibration, self.scales)
+            else:
+                self._scale_tables[calibration] = ScaleTable(self.stats, calibration, self.thresholds)
         return self._scale_tables[calibration]
 
-    def resolve(self, candidate: Candidate) -> tuple[Calibration, list[str]]:
-        """The explicit calibration to simulate; ``default`` (and ``mix``) search like hb_mapper."""
+    def resolve(self, candidate: Candidate) -> tuple[Calibration | MixedCalibration, list[str]]:
+        """The explicit calibration to simulate; ``default`` and ``mix`` choose theirs as hb_mapper
+        does (tuner.simulate.calibrate), once per (nodes, optimization)."""
         cal = candidate.calibration
         if cal.type in ("max", "kl"):
             return cal, []
         if cal.type in ("load", "skip"):
             raise TunerError(f"calibration_type {cal.type!r} cannot be simulated (it needs QAT thresholds or uses "
-                             "random data); use max, kl or default")
-        notes = []
-        if cal.type == "mix":
-            notes.append("calibration_type mix is simulated as default (per-node method mixing is not modelled)")
-        key = (candidate.nodes, candidate.optimization)
-        if key not in self._default_choice:
-            best, best_cos = None, -np.inf
-            for option in DEFAULT_GRID:
-                ev = self._run(candidate.with_calibration(option), option, per_node=False)
-                if ev.mean_cosine > best_cos:
-                    best, best_cos = option, ev.mean_cosine
-            self._default_choice[key] = best
-        chosen = self._default_choice[key]
-        notes.append(f"default calibration: Select {chosen.describe()} method.")
-        return chosen, notes
+                             "random data); use max, kl, default or mix")
+        choice = self.choice(candidate)
+        if isinstance(choice, MixedCalibration):
+            return choice, choice.notes(len(calibration_nodes(self.plan(candidate))))
+        return choice.method, choice.notes()
+
+    def choice(self, candidate: Candidate) -> DefaultChoice | MixedCalibration:
+        """What ``default`` (a DefaultChoice: the method and every method's score) or ``mix`` (a
+        MixedCalibration) chose for this candidate's plan; computed once and kept."""
+        kind = candidate.calibration.type
+        if kind not in ("default", "mix"):
+            raise ValueError(f"calibration_type {kind!r} has no search")
+        key = (kind, candidate.nodes, candidate.optimization)
+        if key not in self._choices:
+            def score(method: Calibration) -> float:
+                return self._search_score(candidate, method)
+            if kind == "default":
+                self._choices[key] = choose_default(score)
+            else:
+                plan = self.plan(candidate)
+                self._choices[key] = choose_mix(score, calibration_nodes(plan),
+                                                lambda tensor, method: self._node_score(plan, tensor, method))
+            self.thresholds.flush()
+        return self._choices[key]
+
+    def _search_set(self) -> tuple[list[dict], list[dict]]:
+        """(samples, float outputs) the method searches score on: the first DEFAULT_SEARCH_SAMPLES
+        calibration samples (only those are read), else the first evaluation sample."""
+        if self._search is None:
+            if self.calibration_data is not None:
+                samples = list(itertools.islice(iter(self.calibration_data), DEFAULT_SEARCH_SAMPLES))
+            else:
+                samples = [next(iter(self.data))]
+            session = make_session(self.model.proto)
+            names = self.model.output_names
+            refs = [dict(zip(names, session.run(names, x))) for x in samples]
+            self._search = (samples, refs)
+        return self._search
+
+    def _search_score(self, candidate: Candidate, method: Calibration) -> float:
+        """The model-wise score of ``candidate`` under ``method`` (tuner.simulate.calibrate.search_score)."""
+        samples, refs = self._search_set()
+        plan = self.plan(candidate)
+        session = self._session(candidate.with_calibration(method), method, plan, [])
+        names = self.model.output_names
+        outs = [dict(zip(names, session.run(names, x))) for x in samples]
+        self.search_evaluations += 1
+        return search_score(refs, outs)
+
+    def _node_score(self, plan: Plan, tensor: str, method: Calibration) -> float:
+        """mix's sensitivity of one calibration node: the output score with only that node
+        quantized under ``method``, on MIX_SENSITIVITY_SAMPLES sample(s). One session each (not
+        kept: there is one per node and method)."""
+        samples, refs = self._search_set()
+        samples, refs = samples[:MIX_SENSITIVITY_SAMPLES], refs[:MIX_SENSITIVITY_SAMPLES]
+        proto = build_sim_model(self.model.proto, self.graph, self.target, single_node_plan(plan, tensor),
+                                self.scales(method), self.weights, external=self.external, memo=self._build_memo,
+                                fused=self.fused)
+        session = make_session(proto, external=self.external)
+        self.session_builds += 1
+        names = self.model.output_names
+        return search_score(refs, [dict(zip(names, session.run(names, x))) for x in samples])
 
     # -- evaluation --------------------------------------------------------------------
     def plan(self, candidate: Candidate) -> Plan:
@@ -187,7 +248,7 @@ class Simulator:
         ref = make_session(with_outputs(self.model.proto, list(names))).run(list(names), sample)
         return sim, dict(zip(names, ref))
 
-    def _session(self, candidate: Candidate, calibration: Calibration, plan: Plan,
+    def _session(self, candidate: Candidate, calibration: Calibration | MixedCalibration, plan: Plan,
                  extra: list[str]) -> ort.InferenceSession:
         key = (candidate.nodes, candidate.optimization, calibration, tuple(extra))
         if key in self._sessions:
@@ -203,7 +264,7 @@ class Simulator:
             self._sessions.popitem(last=False)
         return session
 
-    def _run(self, candidate: Candidate, calibration: Calibration, per_node: bool) -> Evaluation:
+    def _run(self, candidate: Candidate, calibration: Calibration | MixedCalibration, per_node: bool) -> Evaluation:
         plan = self.plan(candidate)
         extra = [n.outputs[0] for n in self.graph
                  if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
@@ -243,7 +304,8 @@ class Simulator:
             return {k: v.copy() for k, v in self._labels[i].items()}
         return self.labels.sample(i) if self.labels is not None else None
 
-    def _rows(self, plan: Plan, calibration: Calibration, sims: dict[str, Similarity]) -> list[NodeRow]:
+    def _rows(self, plan: Plan, calibration: Calibration | MixedCalibration,
+              sims: dict[str, Similarity]) -> list[NodeRow]:
         scales = self.scales(calibration)
         rows = []
         for node in self.graph:

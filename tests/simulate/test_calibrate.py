@@ -1,0 +1,248 @@
+"""calibration_type default and mix chosen as hb_mapper chooses them (tuner.simulate.calibrate)."""
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from helpers import write_example_project, write_reciprocal_project, write_tiny_project
+from tuner.candidate import Calibration, Candidate
+from tuner.inputs.data import dataset_from_config
+from tuner.simulate import Simulator
+from tuner.simulate.calibrate import (DEFAULT_METHODS, PER_TENSOR_METHODS, SIMILARITY_TARGET, MixedCalibration,
+                                      MixScales, calibration_nodes, choose_default, rank, search_cosine,
+                                      single_node_plan)
+from tuner.simulate.session import make_session
+from tuner.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return Workspace.open(write_tiny_project(tmp_path_factory.mktemp("cal-tiny")))
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    """The bundled example's YAML (all int8) with calibration_type default."""
+    path = write_example_project(tmp_path_factory.mktemp("cal-ex"), n_cal=8, n_eval=4)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["calibration_parameters"]["calibration_type"] = "default"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return Workspace.open(path)
+
+
+def own_score(ws, method: Calibration, sample: dict) -> float:
+    """The documented score, computed here from the simulated and float outputs of one sample:
+    per-output cosine dot / (|a| |b|), mean over outputs."""
+    names = ws.model.output_names
+    sim, ref = ws.simulator.tensors(Candidate.make(method), names, sample)
+    cos = [float(np.dot(ref[o].ravel().astype(np.float64), sim[o].ravel().astype(np.float64))
+                 / (np.linalg.norm(ref[o].astype(np.float64)) * np.linalg.norm(sim[o].astype(np.float64))))
+           for o in names]
+    return float(np.mean(cos))
+
+
+def test_default_tries_the_12_methods_with_hb_mappers_strings():
+    assert [m.describe() for m in PER_TENSOR_METHODS] == [
+        "max", "max-percentile:percentile=0.99995", "kl:num_bin=1024,max_num_bin=16384"]
+    assert len(DEFAULT_METHODS) == len(set(DEFAULT_METHODS)) == 12
+    assert {m.describe() for m in DEFAULT_METHODS} >= {
+        "max:per_channel", "max:asymmetric", "max:per_channel,asymmetric",
+        "max-percentile:percentile=0.99995,per_channel,asymmetric",
+        "kl:num_bin=1024,max_num_bin=16384,per_channel"}
+
+
+def test_ties_go_to_the_alphabetically_first_method_string_and_nan_last():
+    mx, pct, kl = PER_TENSOR_METHODS
+    mx_pc = Calibration("max", per_channel=True)
+    # "max" < "max-percentile:..." < "max:per_channel" ('-' sorts before ':')
+    assert rank({pct: 0.9, mx_pc: 0.9, mx: 0.9, kl: math.nan}) == [mx, pct, mx_pc, kl]
+    assert rank({mx: 0.5, kl: 0.5}) == [kl, mx]           # "kl:..." < "max"
+    assert rank({mx: 0.5, kl: 0.6})[0] == kl and rank({mx: 0.7, kl: 0.6})[0] == mx
+
+
+def test_the_search_stops_after_stage_1_only_when_its_best_reaches_the_target():
+    calls = []
+
+    def score(values):
+        return lambda m: calls.append(m) or values.get(m, 0.1)
+
+    good = choose_default(score({Calibration("max", 0.99995): SIMILARITY_TARGET}))
+    assert calls == list(PER_TENSOR_METHODS) and good.stopped_at_stage1
+    assert good.method == Calibration("max", 0.99995)
+    calls.clear()
+    best = Calibration("kl", per_channel=True, asymmetric=True)
+    bad = choose_default(score({Calibration("max"): SIMILARITY_TARGET - 1e-9, best: 0.999}))
+    assert calls == list(DEFAULT_METHODS) and not bad.stopped_at_stage1 and bad.method == best
+    assert bad.notes() == ["default calibration: Select kl:num_bin=1024,max_num_bin=16384,per_channel,asymmetric "
+                           "method.", "Perchannel quantization is enabled.", "Asymmetric quantization is enabled."]
+
+
+def test_stage_1_reaching_0995_evaluates_no_per_channel_or_asymmetric_method(tiny):
+    """The tiny model: per-tensor max scores 0.9992 >= 0.995 on its first calibration sample."""
+    sim = tiny.simulator
+    before_evals, before_keys = sim.search_evaluations, set(sim._sessions)
+    ev = sim.evaluate(Candidate.make(Calibration("default")))
+    choice = sim.choice(Candidate.make(Calibration("default")))
+    assert sim.search_evaluations - before_evals == 3
+    assert [m for m, _ in choice.scores] == list(PER_TENSOR_METHODS)
+    assert max(v for _, v in choice.scores) >= SIMILARITY_TARGET
+    built = {k[2] for k in set(sim._sessions) - before_keys}
+    assert not any(c.per_channel or c.asymmetric for c in built)
+    assert ev.calibration == choice.method == rank(dict(choice.scores))[0]
+    assert ev.notes[0] == f"default calibration: Select {choice.method.describe()} method."
+    assert not any("Perchannel" in n or "Asymmetric" in n for n in ev.notes)
+    # the memo: the same plan asks no second search
+    sim.evaluate(Candidate.make(Calibration("default")))
+    assert sim.search_evaluations - before_evals == 3
+
+
+def test_below_0995_the_example_evaluates_12_methods_and_picks_by_the_documented_score(example):
+    """The example's all-int8 YAML with default: per-tensor methods score <= 0.90 on the first
+    calibration sample (the input has a channel on another scale), so the 9 variants are tried."""
+    sim = example.simulator
+    cand = example.base_candidate()
+    before = sim.search_evaluations
+    ev = sim.evaluate(cand)
+    choice = sim.choice(cand)
+    assert sim.search_evaluations - before == 12
+    assert [m for m, _ in choice.scores] == list(DEFAULT_METHODS)
+    scores = dict(choice.scores)
+    assert max(scores[m] for m in PER_TENSOR_METHODS) < SIMILARITY_TARGET
+    assert ev.calibration == choice.method == Calibration("max", per_channel=True)
+    assert ev.notes[:2] == ["default calibration: Select max:per_channel method.",
+                            "Perchannel quantization is enabled."]
+    first = next(iter(example.calibration_data))
+    for m in (choice.method, Calibration("max"), Calibration("kl", per_channel=True)):
+        assert scores[m] == pytest.approx(own_score(example, m, first), abs=1e-9), m.describe()
+    # the final evaluation is the chosen method's, on the evaluation set
+    assert ev.outputs == sim.evaluate(Candidate.make(choice.method)).outputs
+
+
+def test_the_score_reads_only_the_first_calibration_sample(tiny, tmp_path):
+    """Same statistics, calibration sets that differ: equal scores when only samples 1.. differ,
+    different scores when sample 0 does."""
+    rng = np.random.default_rng(5)
+    files = tiny.calibration_data.sample_files(0)
+    same_first, other_first = tmp_path / "same", tmp_path / "other"
+    for folder in (same_first, other_first):
+        folder.mkdir()
+    (same_first / "0000.bin").write_bytes(files[0].read_bytes())
+    (other_first / "0000.bin").write_bytes((rng.random((1, 4, 16, 16), dtype=np.float32) * 9).tobytes())
+    for i in range(1, 4):
+        for folder in (same_first, other_first):
+            (rng.standard_normal((1, 4, 16, 16)).astype(np.float32) * 30).tofile(folder / f"{i:04d}.bin")
+
+    def scores(folder):
+        data = dataset_from_config(tiny.config.inputs, tiny.model.input_shapes, folders=[folder]) if folder else None
+        sim = Simulator(tiny.model, tiny.target, tiny.stats, tiny.eval_data, calibration_data=data)
+        return dict(sim.choice(Candidate.make(Calibration("default"))).scores)
+
+    base = dict(tiny.simulator.choice(Candidate.make(Calibration("default"))).scores)
+    assert scores(same_first) == base
+    assert scores(other_first) != base
+    assert scores(None) == base        # without calibration data: the first evaluation sample (here the same file)
+
+
+def test_a_tie_goes_to_the_alphabetically_first_method(tmp_path):
+    """The reciprocal model: per-tensor methods fail (0.9895), and max:per_channel and
+    kl:...,per_channel give the same thresholds (no clipping on 16 values a channel)."""
+    ws = Workspace.open(write_reciprocal_project(tmp_path / "r"))
+    choice = ws.simulator.choice(Candidate.make(Calibration("default")))
+    scores = dict(choice.scores)
+    kl_pc, max_pc = Calibration("kl", per_channel=True), Calibration("max", per_channel=True)
+    assert len(scores) == 12 and scores[kl_pc] == scores[max_pc] == max(scores.values())
+    assert choice.method == kl_pc
+
+
+def test_search_cosine_is_the_model_wise_one():
+    a = np.array([1.0, 2.0, 3.0])
+    assert search_cosine(a, a) == pytest.approx(1.0)
+    assert search_cosine(a, -a) == pytest.approx(-1.0)
+    assert search_cosine(np.zeros(3), np.zeros(3)) == 0.0       # norms floored at 1e-8, no +eps
+    assert math.isnan(search_cosine(a, np.array([1.0, np.inf, 0.0])))
+
+
+def test_a_single_node_plan_quantizes_only_that_node(tiny):
+    sim = tiny.simulator
+    cand = Candidate.make(Calibration("max"))
+    plan = sim.plan(cand)
+    nodes = calibration_nodes(plan)
+    assert "x" in nodes and len(nodes) == len(set(nodes)) > 3
+    sample = next(iter(tiny.calibration_data))
+    names = tiny.model.output_names
+    ref = make_session(tiny.model.proto).run(names, sample)
+
+    def outputs(p):
+        from tuner.simulate.qdq import build_sim_model
+
+        proto = build_sim_model(tiny.model.proto, sim.graph, tiny.target, p, sim.scales(cand.calibration), sim.weights)
+        return make_session(proto).run(names, sample)
+
+    nothing = single_node_plan(plan, "no such tensor")
+    assert not nothing.edges and not nothing.outputs and not nothing.cpu_reads and not nothing.weights
+    for a, b in zip(outputs(nothing), ref):          # no node on: the float model, weights included
+        np.testing.assert_array_equal(a, b)
+    only_x = single_node_plan(plan, "x")
+    assert {t for t, _ in only_x.edges.values()} == {"x"}
+    assert any(not np.array_equal(a, b) for a, b in zip(outputs(only_x), ref))
+
+
+def test_mix_takes_per_node_methods(example):
+    """The example under mix: the base is the best per-tensor method; the input tensor (a channel
+    50x the others) is the one sensitive node and takes kl, whose single-node cosine is best."""
+    sim = example.simulator
+    cand = Candidate.make(Calibration("mix"))
+    builds = sim.session_builds
+    ev = sim.evaluate(cand)
+    mix = ev.calibration
+    assert isinstance(mix, MixedCalibration)
+    ranking = dict(mix.ranking)
+    assert set(ranking) == set(PER_TENSOR_METHODS) and mix.base == max(ranking, key=ranking.get)
+    assert mix.merge_info and mix.merged
+    for tensor, values in mix.merge_info:
+        values = dict(values)
+        assert set(values) == set(PER_TENSOR_METHODS) and values[mix.base] < 0.999
+        assert values[mix.method_for(tensor)] == max(values.values())
+    for tensor, method in mix.merged:
+        assert method != mix.base
+    assert dict(mix.merged) == {"input": Calibration("kl")}
+    # per-tensor mixing of the scales: the merged node has kl's threshold, the others the base's
+    scales = sim.scales(mix)
+    assert isinstance(scales, MixScales)
+    assert scales.threshold("input") == sim.scales(Calibration("kl")).threshold("input")
+    other = next(t for t in calibration_nodes(ev.plan) if t != "input")
+    assert scales.threshold(other) == sim.scales(mix.base).threshold(other)
+    # sessions are keyed by the mix: a second evaluation builds nothing, the base alone is another model
+    n = sim.session_builds
+    assert sim.evaluate(cand).outputs == ev.outputs and sim.session_builds == n > builds
+    assert sim.evaluate(Candidate.make(mix.base)).outputs != ev.outputs
+    assert any("select top-1 nodes" in note for note in ev.notes)
+
+
+
+def test_eval_shows_the_mix_choice_and_its_merge_info(example):
+    """`tuner eval` prints hb's Merge_Info table for a mix YAML; --json carries the merge."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = yaml.safe_load(example.config.path.read_text())
+    cfg["calibration_parameters"]["calibration_type"] = "mix"
+    path = example.config.path.with_name("mix.yaml")
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    run = [sys.executable, "-m", "tuner", "eval", str(path), "--no-nodes"]
+    text = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert "Merge_Info(cosine-similarity)" in text.stdout
+    merge_line = next(line for line in text.stdout.splitlines() if line.startswith("input "))
+    assert "(select)" in merge_line
+    assert "calibration mix:base=" in text.stdout and "kl:num_bin=1024,max_num_bin=16384 on 1 node(s)" in text.stdout
+    out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)["calibration"]
+    assert data["type"] == "mix"
+    assert data["merged"] == [{"node": "input", "method": "kl:num_bin=1024,max_num_bin=16384"}]
+    assert data["merge_info"][0]["node"] == "input" and data["merge_info"][0]["selected"].startswith("kl:")
+    assert len(data["ranking"]) == 3 and data["base"]["method"] == data["ranking"][0]["method"]
