@@ -83,13 +83,16 @@ def test_same_seed_same_trial_sequence(tmp_path):
 
 def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_path):
     cfg = write_reciprocal_project(tmp_path / "r")
-    # Reciprocal on the CPU reads the dequantized Relu output: per-tensor scales round channel 0
-    # to 0 and 1/0 reaches the model output as inf (on the BPU it would saturate instead).
+    # Reciprocal on the CPU reads the dequantized Relu output: an int8 scale rounds channel 0 to 0
+    # and 1/0 reaches the model output as inf (on the BPU it would saturate instead); an int16
+    # Relu output keeps it. (per_channel, the knob this test used, no longer reaches a tensor no
+    # Conv reads: hb_quantizer_facts 1.5.)
     cfg.write_text(cfg.read_text().replace("node_info: {}", "node_info: {'/reciprocal': {'ON': 'CPU'}}"))
     space = tmp_path / "space.yaml"
-    space.write_text("base: r/hb_config.yaml\nnodes:\n  exclude: [reciprocal]\n"
+    space.write_text("base: r/hb_config.yaml\nnodes:\n  names: [/relu]\n  placement: [BPU]\n"
+                     "  precision: [int8, int16_output]\n"
                      "calibration:\n  calibration_type: [max]\n  max_percentile: [1.0]\n"
-                     "  per_channel: [false, true]\nstudy:\n  name: recip\n  n_trials: 3\n  warm_start: false\n")
+                     "  per_channel: [false]\nstudy:\n  name: recip\n  n_trials: 3\n  warm_start: false\n")
     assert load_config(cfg)
     search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=3, timeout=None, jobs=1, seed=0, progress=False)
@@ -97,7 +100,8 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert failed and done and len(done) == 3
     assert "non-finite" in failed[0].user_attrs["error"]
-    assert all(t.params["per_channel"] is False for t in failed)
+    assert all(v == "BPU" for t in failed for k, v in t.params.items() if "relu" in k)
+    assert all(v == "BPU:int16_output" for t in done for k, v in t.params.items() if "relu" in k)
 
 
 def test_resume_after_kill_9(tmp_path):

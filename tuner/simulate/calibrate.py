@@ -266,8 +266,8 @@ class MixScales:
         self._table = table
         self.stats = table(calibration.base).stats
 
-    def get(self, tensor: str, dtype: str):
-        return self._table(self.calibration.method_for(tensor)).get(tensor, dtype)
+    def get(self, tensor: str, dtype: str, channel: bool = False):
+        return self._table(self.calibration.method_for(tensor)).get(tensor, dtype, channel)
 
     def threshold(self, tensor: str, dtype: str = "int8") -> float:
         return self.get(tensor, dtype).threshold
