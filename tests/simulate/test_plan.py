@@ -1,7 +1,7 @@
 import onnx
 import pytest
 
-from helpers import build_tiny_model
+from helpers import build_int16_rules_model, build_tiny_model
 from tuner.candidate import Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, load_target
@@ -68,10 +68,12 @@ def test_int16_honoured_where_the_march_allows_it(graph, target):
     assert plan.notes == []
 
 
-def test_int16_refused_on_conv_falls_back_with_a_note(graph, target):
-    plan = plan_for(graph, target, {"/res/Conv": {"InputType": "int16"}})
-    assert plan.edges[("/res/Conv", 0)][1] == "int8"
-    assert any("/res/Conv" in n and "int16 input not supported" in n for n in plan.notes)
+def test_int16_refused_on_conv_transpose_falls_back_with_a_note(target):
+    """ConvTranspose is int8 only on bayes-e (x5_op_facts S3)."""
+    rules = Graph(onnx.shape_inference.infer_shapes(build_int16_rules_model()))
+    plan = plan_for(rules, target, {"/up/ConvTranspose": {"InputType": "int16"}})
+    assert plan.edges[("/up/ConvTranspose", 0)] == ("/dil/tanh", "int8")
+    assert any("/up/ConvTranspose" in n and "int16 input not supported" in n for n in plan.notes)
 
 
 def test_output_type_int16_reaches_int16_capable_consumers(graph, target):
@@ -83,7 +85,8 @@ def test_output_type_int16_reaches_int16_capable_consumers(graph, target):
 def test_set_all_nodes_int16(graph, target):
     plan = plan_for(graph, target, optimization=("set_all_nodes_int16",))
     assert plan.edges[("/gate/Mul", 0)][1] == "int16"
-    assert plan.edges[("/stem/Conv", 0)][1] == "int8"   # Conv takes no int16 on bayes-e
+    assert plan.edges[("/stem/Conv", 0)][1] == "int16"  # Conv takes int16 on bayes-e (x5_op_facts S3, S7)
+    assert plan.notes == []                              # set_all_nodes_int16 is silent where it cannot apply
 
 
 def test_forcing_a_cpu_only_op_onto_the_bpu_is_refused(graph, target):

@@ -70,7 +70,8 @@ def test_missing_base_and_hb_yaml_given_as_space(tmp_path):
 def test_node_choices_follow_the_target_tables():
     t = load_target("bayes-e")
     prec = ["int8", "int16_input", "int16_output", "int16"]
-    assert node_choices("Conv", t, ["BPU", "CPU"], prec) == ["BPU", "CPU"]        # no int16 Conv on X5
+    assert node_choices("Conv", t, ["BPU", "CPU"], prec) == ["BPU", "BPU:int16_input", "BPU:int16_output", "BPU:int16",
+                                                              "CPU"]              # int16 Conv on X5 (S3, S7)
     assert node_choices("Sigmoid", t, ["BPU", "CPU"], prec) == ["BPU", "BPU:int16_input", "BPU:int16_output",
                                                                  "BPU:int16", "CPU"]
     assert node_choices("Greater", t, ["BPU", "CPU"], prec) == ["BPU", "BPU:int16_input", "CPU"]  # input only
