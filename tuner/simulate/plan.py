@@ -98,10 +98,13 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
 
     def emits16(node) -> bool:
         """Whether the tensor a BPU node writes may be int16: the node and, at the end of a fusion
-        group, the group's head (a ConvTranspose+Relu or dilated Conv+Relu group leaves in int8)."""
+        group, the group's head (a ConvTranspose+Relu or dilated Conv+Relu group leaves in int8).
+        A chain of LUT ops is one table, whose int16 form exists (HzLut2Layer, x5_op_facts S7):
+        only its last op counts."""
         group = groups.get(node.name)
         head = group[0] if group and group[-1].name == node.name else node
-        return target.int16_output(node.op_type, node.proto) and target.int16_output(head.op_type, head.proto)
+        head_ok = head.op_type in target.lut_ops or target.int16_output(head.op_type, head.proto)
+        return target.int16_output(node.op_type, node.proto) and head_ok
 
     def wants_out16(node) -> bool:
         s = candidate.setting(node.name)
