@@ -187,3 +187,56 @@ def write_reciprocal_project(root: Path, n: int = 6) -> Path:
     cfg = root / "hb_config.yaml"
     cfg.write_text(hb_yaml("recip.onnx", "x", "1x2x4x4", prefix="recip"))
     return cfg
+
+
+def build_int16_rules_model(seed: int = 0) -> onnx.ModelProto:
+    """The ops whose int16 rules differ on bayes-e: a plain Conv, a dilated Conv, a ConvTranspose
+    (int8 only) feeding a Conv, and a MatMul of two activations.
+
+    x [1,2,8,8] -> /cancel/Conv (1x1, weights +-10: its output 10*(x0 - x1) is small while
+    max|w| * max|x| is large) -> Sigmoid -> /dil/Conv (3x3, dilations 2) -> Tanh ->
+    /up/ConvTranspose (stride 2) -> /up/Conv (1x1) -> Reshape [1,4,256] -> MatMul(a, a^T) -> "y" [1,4,4].
+    Opset 11, ir 7.
+    """
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(np.array([[10.0, -10.0], [-10.0, 10.0]], np.float32).reshape(2, 2, 1, 1),
+                                     "/cancel/Conv.w"),
+             numpy_helper.from_array((rng.standard_normal((4, 2, 3, 3)) * 0.3).astype(np.float32), "/dil/Conv.w"),
+             numpy_helper.from_array((rng.standard_normal((4, 4, 2, 2)) * 0.3).astype(np.float32), "/up/ConvTranspose.w"),
+             numpy_helper.from_array((rng.standard_normal((4, 4, 1, 1)) * 0.5).astype(np.float32), "/up/Conv.w"),
+             numpy_helper.from_array(np.array([1, 4, 256], np.int64), "/mm/shape")]
+    nodes = [
+        helper.make_node("Conv", ["x", "/cancel/Conv.w"], ["/cancel/Conv_out"], name="/cancel/Conv"),
+        helper.make_node("Sigmoid", ["/cancel/Conv_out"], ["/cancel/sig"], name="/cancel/Sigmoid"),
+        helper.make_node("Conv", ["/cancel/sig", "/dil/Conv.w"], ["/dil/Conv_out"], name="/dil/Conv",
+                         dilations=[2, 2], pads=[2, 2, 2, 2]),
+        helper.make_node("Tanh", ["/dil/Conv_out"], ["/dil/tanh"], name="/dil/Tanh"),
+        helper.make_node("ConvTranspose", ["/dil/tanh", "/up/ConvTranspose.w"], ["/up/ct"], name="/up/ConvTranspose",
+                         strides=[2, 2]),
+        helper.make_node("Conv", ["/up/ct", "/up/Conv.w"], ["/up/Conv_out"], name="/up/Conv"),
+        helper.make_node("Reshape", ["/up/Conv_out", "/mm/shape"], ["/mm/a"], name="/mm/Reshape"),
+        helper.make_node("Transpose", ["/mm/a"], ["/mm/at"], name="/mm/Transpose", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["/mm/a", "/mm/at"], ["y"], name="/mm/MatMul"),
+    ]
+    graph = helper.make_graph(nodes, "int16_rules", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], producer_name="tuner-tests")
+    model.ir_version = 7
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_int16_rules_project(root: Path, n: int = 6) -> Path:
+    """:func:`build_int16_rules_model` with calibration data in which x0 and x1 nearly cancel."""
+    root.mkdir(parents=True, exist_ok=True)
+    onnx.save(build_int16_rules_model(), str(root / "rules.onnx"))
+    (root / "cal").mkdir(exist_ok=True)
+    rng = np.random.default_rng(7)
+    for i in range(n):
+        x = np.empty((1, 2, 8, 8), np.float32)
+        x[:, 1] = rng.uniform(-1, 1, (8, 8))
+        x[:, 0] = x[:, 1] + rng.normal(0, 0.003, (8, 8))
+        x.tofile(root / "cal" / f"{i:04d}.bin")
+    cfg = root / "hb_config.yaml"
+    cfg.write_text(hb_yaml("rules.onnx", "x", "1x2x8x8", prefix="rules"))
+    return cfg

@@ -92,8 +92,11 @@ def sensitivity_table(sim: Simulator, base: Candidate, nodes: list[str], metric:
         int16 = None
         if target.int16_input(op):
             alone16 = dict(alone)
-            alone16[name] = NodeSetting(on="BPU", input_type="int16",
-                                        output_type="int16" if target.int16_output(op) else None)
+            out16 = "int16" if target.int16_output(op, graph.by_name[name].proto) else None
+            only = target.int16_input_indices(op)   # MatMul: input 0 only
+            alone16[name] = (NodeSetting(on="BPU", input_type="int16", output_type=out16) if only is None else
+                             NodeSetting(on="BPU", input_types=tuple((k, "int16") for k in sorted(only)),
+                                         output_type=out16))
             int16 = _scores(sim.evaluate(Candidate.make(base.calibration, alone16, base.optimization)), metric)
         rows.append(SensitivityRow(node=name, op_type=op, float_gain=gains[name], alone_int8=int8, alone_int16=int16))
         if progress:

@@ -1,3 +1,5 @@
+import re
+
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -55,6 +57,35 @@ def test_target_tables():
     t = load_target("bayes-e")
     assert t.bpu_capable("Conv") and not t.bpu_capable("Where")
     assert "Softmax" in t.bpu_default_cpu and t.int16_input("Softmax")
-    assert not t.int16_input("Conv") and t.int16_input("Equal") and not t.int16_output("Equal")
+    assert t.int16_input("Conv") and t.int16_output("Conv")            # x5_op_facts S3, S5-S7
+    assert not t.int16_input("ConvTranspose") and not t.int16_input("Resize")
+    assert t.int16_input("Equal") and not t.int16_output("Equal")
+    assert t.int16_input("MatMul", 0) and not t.int16_input("MatMul", 1) and t.int16_output("MatMul")
+    dilated = onnx.helper.make_node("Conv", ["x", "w"], ["y"], dilations=[1, 2])
+    assert not t.int16_output("Conv", dilated) and t.int16_output("Conv", onnx.helper.make_node("Conv", ["x", "w"], ["y"]))
+    assert "HardSwish" not in t.bpu_ops and {"GreaterOrEqual", "LessOrEqual"} <= t.bpu_default_cpu
+    assert "ConvTranspose" not in t.int32_output_ops and t.adjust_int16_conv_output
+    ultra = load_target("bayes")
+    assert not ultra.bpu_capable("PRelu") and not ultra.bpu_capable("Erf") and ultra.int16_input("Conv")
+    assert ultra.adjust_int16_conv_output and not ultra.int16_input("DepthToSpace")
+    x3 = load_target("bernoulli2")
+    assert not x3.int16_ops and not x3.adjust_int16_conv_output and not x3.bpu_capable("Reshape")
     with pytest.raises(TunerError, match="no target table for march 'bayes-x'"):
         load_target("bayes-x")
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    ("int16_inputs: {MatMul: 0}\n", "int16_inputs.MatMul: expected a list of input indices"),
+    ("int16_inputs: [MatMul]\n", "int16_inputs: expected a mapping"),
+    ("int8_output_only: {Conv: {dilations: one}}\n", "int8_output_only.Conv: expected {attribute: integer limit}"),
+])
+def test_malformed_int16_rules_are_clear_errors(tmp_path, extra, fragment):
+    from tuner.graph.target import TARGETS_DIR
+
+    text = (TARGETS_DIR / "bayes-e.yaml").read_text(encoding="utf-8")
+    text = "\n".join(line for line in text.splitlines()
+                     if not line.startswith(("int16_inputs:", "int8_output_only:", "  MatMul: [0]", "  Conv: {dil")))
+    path = tmp_path / "t.yaml"
+    path.write_text(text + "\n" + extra, encoding="utf-8")
+    with pytest.raises(TunerError, match=re.escape(fragment)):
+        load_target(path)

@@ -1,7 +1,7 @@
 import onnx
 import pytest
 
-from helpers import build_tiny_model
+from helpers import build_int16_rules_model, build_tiny_model
 from tuner.candidate import Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, load_target
@@ -14,8 +14,18 @@ def graph():
 
 
 @pytest.fixture(scope="module")
+def rules():
+    return Graph(onnx.shape_inference.infer_shapes(build_int16_rules_model()))
+
+
+@pytest.fixture(scope="module")
 def target():
     return load_target("bayes-e")
+
+
+def dtype_in(plan, node, k):
+    """The dtype input k of a BPU node is read in (a new quantization point or a passive op's grid)."""
+    return (plan.edges.get((node, k)) or plan.passthrough[(node, k)])[1]
 
 
 def plan_for(graph, target, nodes=None, optimization=()):
@@ -68,10 +78,12 @@ def test_int16_honoured_where_the_march_allows_it(graph, target):
     assert plan.notes == []
 
 
-def test_int16_refused_on_conv_falls_back_with_a_note(graph, target):
-    plan = plan_for(graph, target, {"/res/Conv": {"InputType": "int16"}})
-    assert plan.edges[("/res/Conv", 0)][1] == "int8"
-    assert any("/res/Conv" in n and "int16 input not supported" in n for n in plan.notes)
+def test_int16_refused_on_conv_transpose_falls_back_with_a_note(rules):
+    """ConvTranspose is int8 only on bayes-e (x5_op_facts S3); the note is hb_mapper's warning text."""
+    plan = plan_for(rules, load_target("bayes-e"), {"/up/ConvTranspose": {"InputType": "int16"}})
+    assert plan.edges[("/up/ConvTranspose", 0)] == ("/dil/tanh", "int8")
+    assert plan.notes == ["The input0 of Node(name:/up/ConvTranspose, type:ConvTranspose) does not support data "
+                          "type: int16 (on bayes-e; stays int8, as hb_mapper falls back)"]
 
 
 def test_output_type_int16_reaches_int16_capable_consumers(graph, target):
@@ -83,7 +95,8 @@ def test_output_type_int16_reaches_int16_capable_consumers(graph, target):
 def test_set_all_nodes_int16(graph, target):
     plan = plan_for(graph, target, optimization=("set_all_nodes_int16",))
     assert plan.edges[("/gate/Mul", 0)][1] == "int16"
-    assert plan.edges[("/stem/Conv", 0)][1] == "int8"   # Conv takes no int16 on bayes-e
+    assert plan.edges[("/stem/Conv", 0)][1] == "int16"  # Conv takes int16 on bayes-e (x5_op_facts S3, S7)
+    assert plan.notes == []                              # set_all_nodes_int16 is silent where it cannot apply
 
 
 def test_forcing_a_cpu_only_op_onto_the_bpu_is_refused(graph, target):
@@ -95,3 +108,59 @@ def test_forcing_a_cpu_only_op_onto_the_bpu_is_refused(graph, target):
 def test_unknown_node_is_an_error(graph, target):
     with pytest.raises(TunerError, match="'/stem/Conv2' is not in the model"):
         plan_for(graph, target, {"/stem/Conv2": {"ON": "CPU"}})
+
+
+def test_int16_input_on_a_conv_is_honoured_and_its_output_becomes_int16(rules, target):
+    """AdjustConvQuantParams (hb_quantizer_facts 3.3): an int16-input Conv gets an int16 output
+    with a threshold floor taken from its input and weight."""
+    plan = plan_for(rules, target, {"/cancel/Conv": {"InputType": "int16"}})
+    assert plan.edges[("/cancel/Conv", 0)] == ("x", "int16")
+    assert plan.in_dtype["/cancel/Conv"] == "int16" and plan.out_dtype["/cancel/Conv"] == "int16"
+    assert plan.edges[("/cancel/Sigmoid", 0)] == ("/cancel/Conv_out", "int16")
+    assert plan.conv_floors == {"/cancel/Conv_out": ("x", "/cancel/Conv.w")}
+    assert plan.notes == []
+    # X3 has no int16 and no such pass; J5 (bayes) has both
+    x3 = plan_for(rules, load_target("bernoulli2"), {"/cancel/Conv": {"InputType": "int16"}})
+    assert x3.edges[("/cancel/Conv", 0)] == ("x", "int8") and x3.conv_floors == {}
+    j5 = plan_for(rules, load_target("bayes"), {"/cancel/Conv": {"InputType": "int16"}})
+    assert j5.conv_floors == plan.conv_floors
+
+
+def test_a_dilated_conv_takes_int16_in_but_gives_int8_out(rules, target):
+    plan = plan_for(rules, target, {"/dil/Conv": {"OutputType": "int16"}, "/dil/Tanh": {"ON": "BPU"}})
+    assert plan.out_dtype["/dil/Conv"] == "int8"
+    assert plan.edges[("/dil/Tanh", 0)] == ("/dil/Conv_out", "int8")
+    assert plan.notes == ["The output of Node(name:/dil/Conv, type:Conv) does not support data type: int16 "
+                          "(on bayes-e; stays int8, as hb_mapper falls back)"]
+    plan = plan_for(rules, target, {"/dil/Conv": {"InputType": "int16"}})
+    assert plan.edges[("/dil/Conv", 0)] == ("/cancel/sig", "int16")
+    assert plan.out_dtype["/dil/Conv"] == "int8" and "/dil/Conv_out" in plan.conv_floors
+    # int8 only also means no int32 accumulator output: read by the CPU, it was rounded to int8
+    plan = plan_for(rules, target, {"/dil/Tanh": {"ON": "CPU"}, "/cancel/Sigmoid": {"ON": "CPU"}})
+    assert plan.cpu_reads[("/dil/Tanh", 0)] == ("/dil/Conv_out", "int8")
+    assert ("/cancel/Sigmoid", 0) not in plan.cpu_reads   # a plain Conv leaves in int32
+
+
+def test_matmul_int16_only_on_its_first_input(rules, target):
+    plan = plan_for(rules, target, {"/mm/MatMul": {"InputType1": "int16"}})
+    assert dtype_in(plan, "/mm/MatMul", 1) == "int8"
+    assert plan.notes == ["The input1 of Node(name:/mm/MatMul, type:MatMul) does not support data type: int16 "
+                          "(on bayes-e; stays int8, as hb_mapper falls back)"]
+    plan = plan_for(rules, target, {"/mm/MatMul": {"InputType0": "int16", "OutputType": "int16"}})
+    assert plan.edges[("/mm/MatMul", 0)] == ("/mm/a", "int16") and dtype_in(plan, "/mm/MatMul", 1) == "int8"
+    assert plan.notes == []   # (the output leaves the BPU as the int32 accumulator: a model output)
+    # InputType covers every input: input 0 is honoured, input 1 refused
+    plan = plan_for(rules, target, {"/mm/MatMul": {"InputType": "int16"}})
+    assert [dtype_in(plan, "/mm/MatMul", k) for k in (0, 1)] == ["int16", "int8"]
+    assert len(plan.notes) == 1 and plan.notes[0].startswith("The input1 of Node(name:/mm/MatMul, type:MatMul)")
+
+
+def test_int16_input_needs_a_producer_that_can_give_int16(rules, target):
+    """S4: an int16 input also asks the producer for an int16 output; a ConvTranspose has none."""
+    plan = plan_for(rules, target, {"/up/Conv": {"InputType": "int16"}})
+    assert plan.edges[("/up/Conv", 0)] == ("/up/ct", "int8")
+    assert len(plan.notes) == 1 and "needs an int16 output of /up/ConvTranspose (ConvTranspose)" in plan.notes[0]
+    plan = plan_for(rules, target, optimization=("set_all_nodes_int16",))
+    assert dtype_in(plan, "/up/Conv", 0) == dtype_in(plan, "/mm/MatMul", 1) == "int8"
+    assert dtype_in(plan, "/cancel/Conv", 0) == dtype_in(plan, "/mm/MatMul", 0) == "int16"
+    assert plan.notes == []

@@ -192,3 +192,68 @@ def test_c_oracle_agrees_with_the_simulator_on_the_detector(folded):
           f"oracle vs float {vs_float.cosine:.4f}, simulator vs float {ev.mean_cosine:.4f}")
     assert agree.cosine >= 0.9999, agree.as_dict()
     assert vs_float.cosine < 0.995  # the agreement is not that of two unquantized models
+
+
+def ort_a16w8(ws: Workspace, int8_tensors: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """quantize_static A16W8 (int16 symmetric activations, int8 per-channel weights, MinMax),
+    with ``int8_tensors`` kept int8 through TensorQuantOverrides."""
+    plan = make_plan(ws.graph, ws.target, Candidate.make(Calibration("max")))
+    op_types = sorted({n.op_type for n in ws.graph if plan.placement[n.name] == "BPU"})
+    model = version_converter.convert_version(ws.model.proto, 13)
+    extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "UseQDQContribOps": True}
+    if int8_tensors:
+        extra["TensorQuantOverrides"] = {t: [{"quant_type": QuantType.QInt8}] for t in int8_tensors}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
+        onnx.save(model, str(src))
+        quantize_static(str(src), str(dst), _Reader(ws.calibration_data), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=op_types, per_channel=True, activation_type=QuantType.QInt16,
+                        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax, extra_options=extra)
+        return onnx.load(str(dst))
+
+
+def sqnr_vs_float(ws: Workspace, model: onnx.ModelProto) -> float:
+    session = make_session(model, ws.threads)
+    sim = Similarity()
+    for i, sample in enumerate(ws.eval_data):
+        (value,) = session.run([OUTPUT], sample)
+        sim.update(ws.simulator.reference[i][OUTPUT], value)
+    return sim.sqnr_db
+
+
+def test_d_set_all_nodes_int16_gains_like_onnxruntime_a16w8(projects):
+    """set_all_nodes_int16 on bayes-e against onnxruntime's A16W8, output SQNR vs float (folded detector).
+
+    Measured (2 cores, 8 photos at 256x320, onnxruntime 1.32), gain over all-int8 ``max``:
+
+    ==========================================================  ===============
+    tuner before this change (Conv never int16)                 +4.0 dB (9.93 -> 13.96)
+    tuner, Conv int16, ConvTranspose/Resize int8 only            +8.0 dB (9.93 -> 17.95)
+    tuner now, also on hb_mapper's optimized graph (HardSwish     +9.6 dB
+      as one LUT, Muls by constants as convolutions)
+    ORT A16W8, every activation int16                           +12.2 dB (9.93 -> 22.16)
+    ORT A16W8, the 15 ConvTranspose/Resize tensors int8         +11.7 dB
+    ==========================================================  ===============
+
+    So tuner reaches 79% of the full A16W8 gain (70% asked for). X5's own int8-only ops
+    (ConvTranspose, Resize) cost ORT only 0.5 dB. Before the graph pass (tuner.graph.optimize)
+    the 24 Div inputs of the detector's decomposed HardSwish stayed int8 (66%); as one LUT they are
+    not quantization points at all. ORT quantizes the exported graph, so its figures are unchanged.
+    """
+    ws = Workspace.open(projects["folded"])
+    # onnxruntime quantizes the exported graph (it cannot load hb_mapper's fused LUT nodes)
+    exported = Workspace.open(projects["folded"], hb_optimize=False)
+    int8 = ws.simulator.evaluate(Candidate.make(Calibration("max"))).outputs[OUTPUT]["sqnr_db"]
+    cand16 = Candidate.make(Calibration("max"), optimization=("set_all_nodes_int16",))
+    int16 = ws.simulator.evaluate(cand16).outputs[OUTPUT]["sqnr_db"]
+    plan = make_plan(ws.graph, ws.target, cand16)
+    kept = tuple(sorted({t for t, d in list(plan.edges.values()) + list(plan.passthrough.values()) if d == "int8"}))
+    base = sqnr_vs_float(exported, ort_own_qdq(exported, CalibrationMethod.MinMax, None))
+    full = sqnr_vs_float(exported, ort_a16w8(exported)) - base
+    same_points = sqnr_vs_float(exported, ort_a16w8(exported, kept)) - base
+    gain = int16 - int8
+    report = f"tuner {gain:+.2f} dB, ORT A16W8 {full:+.2f} dB, ORT A16W8 with tuner's int8 points {same_points:+.2f} dB"
+    print("\n" + report)
+    assert gain > 7.0, report                  # was +4.0 dB before Conv took int16
+    assert gain >= 0.7 * full, report          # 79% measured
+    assert gain >= 0.7 * same_points, report

@@ -85,12 +85,12 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
     cfg = write_reciprocal_project(tmp_path / "r")
     # Reciprocal on the CPU reads the dequantized Relu output: an int8 scale rounds channel 0 to 0
     # and 1/0 reaches the model output as inf (on the BPU it would saturate instead); an int16
-    # Relu output keeps it. (per_channel, the knob this test used, no longer reaches a tensor no
+    # Relu (input and output) keeps it. (per_channel, the knob this test used, no longer reaches a tensor no
     # Conv reads: hb_quantizer_facts 1.5.)
     cfg.write_text(cfg.read_text().replace("node_info: {}", "node_info: {'/reciprocal': {'ON': 'CPU'}}"))
     space = tmp_path / "space.yaml"
     space.write_text("base: r/hb_config.yaml\nnodes:\n  names: [/relu]\n  placement: [BPU]\n"
-                     "  precision: [int8, int16_output]\n"
+                     "  precision: [int8, int16]\n"
                      "calibration:\n  calibration_type: [max]\n  max_percentile: [1.0]\n"
                      "  per_channel: [false]\nstudy:\n  name: recip\n  n_trials: 3\n  warm_start: false\n")
     assert load_config(cfg)
@@ -101,7 +101,7 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
     assert failed and done and len(done) == 3
     assert "non-finite" in failed[0].user_attrs["error"]
     assert all(v == "BPU" for t in failed for k, v in t.params.items() if "relu" in k)
-    assert all(v == "BPU:int16_output" for t in done for k, v in t.params.items() if "relu" in k)
+    assert all(v == "BPU:int16" for t in done for k, v in t.params.items() if "relu" in k)
 
 
 def test_resume_after_kill_9(tmp_path):

@@ -70,7 +70,12 @@ def test_missing_base_and_hb_yaml_given_as_space(tmp_path):
 def test_node_choices_follow_the_target_tables():
     t = load_target("bayes-e")
     prec = ["int8", "int16_input", "int16_output", "int16"]
-    assert node_choices("Conv", t, ["BPU", "CPU"], prec) == ["BPU", "CPU"]        # no int16 Conv on X5
+    all16 = ["BPU", "BPU:int16_input", "BPU:int16_output", "BPU:int16", "CPU"]
+    assert node_choices("Conv", t, ["BPU", "CPU"], prec) == all16                 # int16 Conv on X5 (S3, S7)
+    dilated = onnx.helper.make_node("Conv", ["x", "w"], ["y"], dilations=[2, 2])
+    assert node_choices("Conv", t, ["BPU", "CPU"], prec, dilated) == ["BPU", "BPU:int16_input", "CPU"]
+    assert node_choices("ConvTranspose", t, ["BPU", "CPU"], prec) == ["BPU", "CPU"]
+    assert node_choices("Conv", load_target("bernoulli2"), ["BPU", "CPU"], prec) == ["BPU", "CPU"]  # X3: no int16
     assert node_choices("Sigmoid", t, ["BPU", "CPU"], prec) == ["BPU", "BPU:int16_input", "BPU:int16_output",
                                                                  "BPU:int16", "CPU"]
     assert node_choices("Greater", t, ["BPU", "CPU"], prec) == ["BPU", "BPU:int16_input", "CPU"]  # input only
@@ -83,6 +88,10 @@ def test_choices_round_trip_through_node_info():
                        ("Softmax", "BPU"), ("Softmax", "CPU"), ("Mul", "BPU:int16_output")]:
         assert setting_choice(choice_setting(choice, op, t), op, t) == choice
     assert choice_setting("BPU", "Conv", t).empty          # hb_mapper's default: no entry written
+    # MatMul's int16 input is its first only: InputType0, never InputType (which would cover input 1)
+    assert choice_setting("BPU:int16", "MatMul", t).to_dict() == {"InputType0": "int16", "OutputType": "int16"}
+    assert setting_choice(choice_setting("BPU:int16_input", "MatMul", t), "MatMul", t) == "BPU:int16_input"
+    assert choice_setting("BPU:int16_input", "Conv", t).to_dict() == {"InputType": "int16"}
     assert choice_setting("BPU", "Softmax", t).on == "BPU"  # default-CPU op must be forced
 
 
@@ -122,3 +131,16 @@ def test_tie_repeated_blocks():
 def test_durations():
     assert parse_duration("8h", "x") == 8 * 3600 and parse_duration("30m", "x") == 1800
     assert parse_duration(90, "x") == 90 and parse_duration(None, "x") is None
+
+
+def test_the_search_offers_int16_convs_on_bayes_e(tmp_path, graph):
+    path = write_tiny_space(tmp_path)
+    path.write_text(path.read_text() + "nodes:\n  precision: [int8, int16_input, int16]\n")
+    space = load_space(path)
+    for march, want in (("bayes-e", ("BPU", "BPU:int16_input", "BPU:int16", "CPU")), ("bernoulli2", ("BPU", "CPU"))):
+        r = resolve(space, graph, load_target(march), Candidate.make(Calibration("max")))
+        conv = next(d for d in r.decisions if d.nodes == ("/stem/Conv",))
+        assert conv.choices == want, march
+    r = resolve(space, graph, load_target("bayes-e"), Candidate.make(Calibration("max")))
+    cand = r.candidate({"node:/stem/Conv": "BPU:int16"})
+    assert make_plan(graph, r.target, cand).edges[("/stem/Conv", 0)] == ("x", "int16")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
 import yaml
 
 from tuner.errors import TunerError
@@ -36,15 +37,39 @@ class Target:
     max_opset: int | None
     max_ir_version: int | None
     raw: dict[str, Any]
+    # op -> the only input indices that may be int16 (MatMul: input 1 never, x5_op_facts S8)
+    int16_inputs: dict[str, frozenset[int]] = field(default_factory=dict)
+    # op -> ((attribute, limit), ...): the output is int8 only when a value of the attribute
+    # exceeds its limit (dilated Conv, x5_op_facts S1)
+    int8_output_only: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    # AdjustConvQuantParams: int16-input Conv outputs get a threshold floor (hb_quantizer_facts 3.3)
+    adjust_int16_conv_output: bool = False
 
     def bpu_capable(self, op_type: str) -> bool:
         return op_type in self.bpu_ops or op_type in self.bpu_default_cpu
 
-    def int16_input(self, op_type: str) -> bool:
-        return op_type in self.int16_ops or op_type in self.int16_input_only
+    def int16_input(self, op_type: str, k: int | None = None) -> bool:
+        """Whether input ``k`` of an ``op_type`` node may be int16 (``k=None``: some input may)."""
+        if op_type not in self.int16_ops and op_type not in self.int16_input_only:
+            return False
+        return k is None or op_type not in self.int16_inputs or k in self.int16_inputs[op_type]
 
-    def int16_output(self, op_type: str) -> bool:
-        return op_type in self.int16_ops
+    def int16_input_indices(self, op_type: str) -> frozenset[int] | None:
+        """The only inputs of ``op_type`` that may be int16, or None when any may."""
+        return self.int16_inputs.get(op_type)
+
+    def int16_output(self, op_type: str, node: onnx.NodeProto | None = None) -> bool:
+        """Whether the output may be int16; with ``node``, its attributes are checked too."""
+        return op_type in self.int16_ops and not (node is not None and self.output_int8_only(node))
+
+    def output_int8_only(self, node: onnx.NodeProto) -> bool:
+        """The node's attributes restrict its output to int8 (no int16, no int32), e.g. a Conv
+        with a dilation above 1 (S1: "H或W大于1时，只支持输出int8")."""
+        for attr, limit in self.int8_output_only.get(node.op_type, ()):
+            a = next((a for a in node.attribute if a.name == attr), None)
+            if a is not None and any(v > limit for v in (list(a.ints) or [a.i])):
+                return True
+        return False
 
 
 def available_targets() -> list[str]:
@@ -81,6 +106,8 @@ def load_target(march_or_path: str | Path) -> Target:
             base = frozenset(raw.get(key) or ())
             return base | {kind for kind, like in fused.items() if like in base}
 
+        int16_inputs = _int16_inputs(path, raw.get("int16_inputs"))
+        int8_only = _int8_output_only(path, raw.get("int8_output_only"))
         return Target(
             march=raw["march"], bpu_ops=ops("bpu_ops"),
             bpu_default_cpu=ops("bpu_default_cpu"),
@@ -92,6 +119,38 @@ def load_target(march_or_path: str | Path) -> Target:
             lut_ops=ops("lut_ops") - {k for k, v in fused.items() if v not in ("Sigmoid", "HardSigmoid", "Tanh", "Erf")},
             quantize_bias=bool(raw.get("quantize_bias", True)),
             fusion_patterns=tuple(patterns), max_opset=limits.get("max_opset"),
-            max_ir_version=limits.get("max_ir_version"), raw=raw)
+            max_ir_version=limits.get("max_ir_version"), raw=raw, int16_inputs=int16_inputs,
+            int8_output_only=int8_only, adjust_int16_conv_output=bool(raw.get("adjust_int16_conv_output", False)))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TunerError(f"{path}: malformed target table ({type(exc).__name__}: {exc})") from None
+
+
+def _int16_inputs(path: Path, value: Any) -> dict[str, frozenset[int]]:
+    """``int16_inputs: {MatMul: [0]}``: op -> the input indices that may be int16."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TunerError(f"{path}: int16_inputs: expected a mapping op -> list of input indices, got {value!r}")
+    out = {}
+    for op, ks in value.items():
+        if not isinstance(ks, list) or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in ks):
+            raise TunerError(f"{path}: int16_inputs.{op}: expected a list of input indices (0, 1, ...), got {ks!r}")
+        out[str(op)] = frozenset(ks)
+    return out
+
+
+def _int8_output_only(path: Path, value: Any) -> dict[str, tuple[tuple[str, int], ...]]:
+    """``int8_output_only: {Conv: {dilations: 1}}``: op -> attribute -> the largest value that
+    still allows a non-int8 output."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TunerError(f"{path}: int8_output_only: expected a mapping op -> {{attribute: limit}}, got {value!r}")
+    out = {}
+    for op, limits in value.items():
+        if not isinstance(limits, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                   for v in limits.values()):
+            raise TunerError(f"{path}: int8_output_only.{op}: expected {{attribute: integer limit}}, "
+                             f"e.g. {{dilations: 1}}, got {limits!r}")
+        out[str(op)] = tuple((str(a), int(v)) for a, v in limits.items())
+    return out

@@ -14,7 +14,11 @@ quantization points:
 * passive data-movement ops (Slice, Reshape, MaxPool, ...) keep their input's scale, so
   their consumers do not round again; same-scale ops (Resize, AveragePool) keep the scale
   but leave the grid, so their output is rounded again with the input's scale;
-* weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel.
+* weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel;
+* int16 is resolved per input (MatMul: input 0 only) and per node (a dilated Conv emits int8
+  only); an int16 input also needs a producer that can emit int16 (x5_op_facts section 3, S4);
+  an explicit request that cannot be met falls back to int8 with hb_mapper's warning text; on
+  bayes/bayes-e an int16-input Conv gets an int16, floored output (AdjustConvQuantParams).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class Plan:
     # Outputs of same-scale ops (Resize, ...) are rounded with their input's scale: tensor -> scale source
     scale_of: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # AdjustConvQuantParams: Conv output tensor -> (its int16 input tensor, its weight initializer);
+    # the output threshold is floored at max|w| x the input's threshold (see _adjust_int16_conv)
+    conv_floors: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def n_subgraphs(self) -> int:
@@ -96,15 +103,30 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         else:
             placement[node.name] = "CPU"
 
-    def wants_out16(name: str, op: str) -> bool:
-        s = candidate.setting(name)
-        asked = s.output_type == INT16 or (all_int16 and target.int16_output(op))
-        if s.output_type == INT16 and not target.int16_output(op):
-            notes.append(f"{name} ({op}): int16 output not supported on {target.march}; stays int8")
-            return False
-        return asked
+    groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
 
-    out16 = {n.name: placement[n.name] == "BPU" and wants_out16(n.name, n.op_type) for n in graph}
+    def emits16(node) -> bool:
+        """Whether the tensor a BPU node writes may be int16: the node and, at the end of a fusion
+        group, the group's head (a ConvTranspose+Relu or dilated Conv+Relu group leaves in int8).
+        A chain of LUT ops is one table, whose int16 form exists (HzLut2Layer, x5_op_facts S7):
+        only its last op counts."""
+        group = groups.get(node.name)
+        head = group[0] if group and group[-1].name == node.name else node
+        head_ok = head.op_type in target.lut_ops or target.int16_output(head.op_type, head.proto)
+        return target.int16_output(node.op_type, node.proto) and head_ok
+
+    def wants_out16(node) -> bool:
+        s = candidate.setting(node.name)
+        asked = s.output_type == INT16 or (all_int16 and target.int16_output(node.op_type, node.proto))
+        if s.output_type == INT16 and not target.int16_output(node.op_type, node.proto):
+            # Modelled on hb_mapper's input warning (x5_op_facts section 3, S8); the output form of
+            # the text has not been seen in a real log.
+            notes.append(f"The output of Node(name:{node.name}, type:{node.op_type}) does not support data type: "
+                         f"int16 (on {target.march}; stays int8, as hb_mapper falls back)")
+            return False
+        return asked and emits16(node)
+
+    out16 = {n.name: placement[n.name] == "BPU" and wants_out16(n) for n in graph}
     fused = fused_edges(graph, target)
     edges: dict[tuple[str, int], tuple[str, str]] = {}
     cpu_reads: dict[tuple[str, int], tuple[str, str]] = {}
@@ -112,15 +134,14 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     refused: set[tuple[str, int]] = set()
     passthrough: dict[tuple[str, int], tuple[str, str]] = {}
     scale_of: dict[str, str] = {}
-
-    groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
+    conv_floors: dict[str, tuple[str, str]] = {}
 
     def leaves_in_int32(name: str) -> bool:
         node = graph.by_name[name]
         group = groups.get(name)
         head = group[0] if group and group[-1].name == name else node
         tail_ok = node.op_type not in ACTIVATIONS
-        return head.op_type in target.int32_output_ops and tail_ok
+        return head.op_type in target.int32_output_ops and tail_ok and not target.output_int8_only(head.proto)
 
     # Tensors already on a quantization grid: outputs of passive BPU ops whose input was
     # quantized. tensor -> (tensor whose scale applies, dtype).
@@ -135,16 +156,26 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
             if on_bpu:
                 if producer is not None and p_bpu and (producer.name, node.name) in fused:
                     continue
-                asked = s.input_dtype(k) == INT16 or (all_int16 and target.int16_input(node.op_type))
+                asked = s.input_dtype(k) == INT16 or (all_int16 and target.int16_input(node.op_type, k))
                 from_producer = producer is not None and out16[producer.name]
+                # S4: an int16 input asks its producer for an int16 output too; a BPU producer
+                # that cannot give one (Resize, ConvTranspose, ...) makes the request fall back.
+                producer_ok = producer is None or not p_bpu or emits16(producer)
                 dtype = INT8
                 if asked or from_producer:
-                    if target.int16_input(node.op_type):
+                    if target.int16_input(node.op_type, k) and producer_ok:
                         dtype = INT16
                     elif s.input_dtype(k) == INT16 and (node.name, k) not in refused:
                         refused.add((node.name, k))
-                        notes.append(f"{node.name} ({node.op_type}): int16 input not supported on {target.march}; "
-                                     "stays int8 (hb_mapper falls back the same way)")
+                        if not target.int16_input(node.op_type, k):
+                            # hb_mapper's own warning (x5_op_facts section 3, S8)
+                            notes.append(f"The input{k} of Node(name:{node.name}, type:{node.op_type}) does not "
+                                         f"support data type: int16 (on {target.march}; stays int8, as hb_mapper "
+                                         "falls back)")
+                        else:  # hb_mapper's text for this case is not known
+                            notes.append(f"{node.name} ({node.op_type}): int16 input{k} needs an int16 output of "
+                                         f"{producer.name} ({producer.op_type}), which {target.march} does not "
+                                         "support; stays int8")
                 dtypes.append(dtype)
                 if grid.get(tensor, (None, None))[1] == dtype:
                     passthrough[(node.name, k)] = grid[tensor]
@@ -154,6 +185,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                 cpu_reads[(node.name, k)] = (tensor, INT16 if out16[producer.name] else INT8)
         if on_bpu:
             in_dtype[node.name] = INT16 if INT16 in dtypes else INT8
+            if target.adjust_int16_conv_output and node.op_type == "Conv":
+                _adjust_int16_conv(graph, node, groups, edges, passthrough, out16, emits16, conv_floors)
             data = graph.data_inputs(node)
             if len(data) == 1 and not out16[node.name]:
                 k, tensor = data[0]
@@ -192,7 +225,29 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     subgraph = _subgraphs(graph, placement)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
-                scale_of=scale_of, notes=notes)
+                scale_of=scale_of, notes=notes, conv_floors=conv_floors)
+
+
+def _adjust_int16_conv(graph: Graph, node, groups, edges, passthrough, out16, emits16, floors) -> None:
+    """hb_mapper's ``AdjustConvQuantParams`` (bayes, bayes-e): a Conv whose input is int16 gets an
+    int16 output, whose threshold is raised to at least max(weight threshold) x input threshold.
+
+    Source: horizon_nn 24629886507 (hb_quantizer_facts 3.3). That Python pass calls C++, so the
+    exact floor is the note's reading, not read from the arithmetic. The output is the tensor
+    after the Conv's fusion group (Conv+Relu, Conv+Add: where its calibration node sits); a Conv
+    that may only emit int8 (dilated) keeps an int8 output but still gets the floor. The floor
+    itself is applied where the simulated model looks up the tensor's scale (``conv_floors``).
+    """
+    source = edges.get((node.name, 0)) or passthrough.get((node.name, 0))
+    if source is None or source[1] != INT16:
+        return
+    group = groups.get(node.name)
+    tail = group[-1] if group and group[0].name == node.name else node
+    if emits16(tail):
+        out16[tail.name] = True
+    if len(node.inputs) > 1 and node.inputs[1] in graph.initializers:
+        for out in tail.outputs:
+            floors[out] = (source[0], node.inputs[1])
 
 
 def _subgraphs(graph: Graph, placement: dict[str, str]) -> dict[str, int]:

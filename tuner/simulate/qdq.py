@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 from tuner.graph import Graph, Target
 from tuner.simulate import fakequant
 from tuner.simulate.plan import Plan
-from tuner.simulate.scales import ScaleTable
+from tuner.simulate.scales import ScaleTable, floor_threshold
 
 MS = "com.microsoft"
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
@@ -205,6 +205,13 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         if s.axis is None and channel:   # per-tensor after all: share the per-tensor point
             made[key] = quantized(tensor, dtype, source)
             return made[key]
+        if tensor in plan.conv_floors:   # AdjustConvQuantParams (bayes, bayes-e), see plan._adjust_int16_conv
+            conv_in, w_name = plan.conv_floors[tensor]
+            t_in = scales.get(plan.scale_of.get(conv_in, conv_in), "int16").threshold
+            if ("wthr", w_name) not in memo:   # max |w| per output channel, hb_mapper's weight threshold
+                w = numpy_helper.to_array(graph.initializers[w_name])
+                memo[("wthr", w_name)] = np.abs(w.reshape(w.shape[0], -1)).max(axis=1).astype(np.float64)
+            s = floor_threshold(s, memo[("wthr", w_name)] * t_in, dtype)
         src = source or tensor
         zp = np.asarray(s.zero_point)
         point_key = ("qdq", fused, tensor, dtype, src, s.axis, np.asarray(s.scale).tobytes(), zp.dtype.char,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
 import yaml
 
 from tuner.candidate import Calibration, Candidate, NodeSetting
@@ -250,15 +251,18 @@ def tie_key(name: str) -> str:
     return re.sub(r"\.\d+", ".*", name)
 
 
-def node_choices(op_type: str, target: Target, placements: list[str], precisions: list[str]) -> list[str]:
-    """The legal choices for one node, as strings: 'BPU', 'BPU:int16_input', ..., 'CPU'."""
+def node_choices(op_type: str, target: Target, placements: list[str], precisions: list[str],
+                 node: onnx.NodeProto | None = None) -> list[str]:
+    """The legal choices for one node, as strings: 'BPU', 'BPU:int16_input', ..., 'CPU'.
+
+    With ``node``, its attributes count too (a dilated Conv has no int16 output)."""
     out = []
     if "BPU" in placements and target.bpu_capable(op_type):
         for p in precisions:
             in16, out16 = PRECISIONS[p]
             if in16 and not target.int16_input(op_type):
                 continue
-            if out16 and not target.int16_output(op_type):
+            if out16 and not target.int16_output(op_type, node):
                 continue
             out.append("BPU" if p == "int8" else f"BPU:{p}")
     if "CPU" in placements:
@@ -278,6 +282,9 @@ def choice_setting(choice: str, op_type: str, target: Target) -> NodeSetting:
     on = None if op_type in target.bpu_ops else "BPU"
     precision = choice.split(":", 1)[1] if ":" in choice else "int8"
     in16, out16 = PRECISIONS[precision]
+    only = target.int16_input_indices(op_type)
+    if in16 and only is not None:   # MatMul: InputType0 only, never InputType (which covers input 1)
+        return NodeSetting(on=on, input_types=tuple((k, in16) for k in sorted(only)), output_type=out16)
     return NodeSetting(on=on, input_type=in16, output_type=out16)
 
 
@@ -398,7 +405,8 @@ def resolve(space: SearchSpace, graph: Graph, target: Target, base: Candidate,
         groups.setdefault(key, []).append(name)
     decisions = []
     for key, members in groups.items():
-        choice_sets = [node_choices(graph.by_name[m].op_type, target, n["placement"], n["precision"]) for m in members]
+        choice_sets = [node_choices(graph.by_name[m].op_type, target, n["placement"], n["precision"],
+                                    graph.by_name[m].proto) for m in members]
         choices = [c for c in choice_sets[0] if all(c in s for s in choice_sets[1:])]
         first = graph.by_name[members[0]]
         default = default_choice(first.op_type, target)
