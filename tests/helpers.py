@@ -240,3 +240,47 @@ def write_int16_rules_project(root: Path, n: int = 6) -> Path:
     cfg = root / "hb_config.yaml"
     cfg.write_text(hb_yaml("rules.onnx", "x", "1x2x8x8", prefix="rules"))
     return cfg
+
+
+def write_mix_project(root: Path, n: int = 8) -> Path:
+    """Two inputs whose tensors want different calibration methods (for ``mix``).
+
+    ``u``: N(0, 1) with one huge outlier (200, in sample 3): ``max`` spends the int8 grid on the
+    outlier and crushes the bulk; clipping methods (kl, max-percentile) keep it. ``v``: sparse
+    spikes (98% zeros, the rest +-10..50) that carry the output: clipping them is what hurts.
+    y_u = |u| * 2 and y_v = |v| * 2 are the outputs.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    shape = [1, 1, 32, 32]
+    ins = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in ("u", "v")]
+    outs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in ("y_u", "y_v")]
+    two = numpy_helper.from_array(np.array([2.0], np.float32), "two")
+    nodes = [helper.make_node("Abs", ["u"], ["au"], name="/u/Abs"), helper.make_node("Mul", ["au", "two"], ["y_u"], name="/u/Mul"),
+             helper.make_node("Abs", ["v"], ["av"], name="/v/Abs"), helper.make_node("Mul", ["av", "two"], ["y_v"], name="/v/Mul")]
+    model = helper.make_model(helper.make_graph(nodes, "mix", ins, outs, [two]), opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    onnx.save(model, str(root / "mix.onnx"))
+    rng = np.random.default_rng(11)
+    for name in ("u", "v"):
+        (root / f"cal_{name}").mkdir(exist_ok=True)
+    for i in range(n):
+        u = rng.standard_normal(shape).astype(np.float32)
+        if i == 3:
+            u[0, 0, 5, 5] = 200.0
+        v = np.zeros(shape, np.float32)
+        spikes = rng.random(shape) < 0.02
+        v[spikes] = (rng.uniform(10, 50, spikes.sum()) * rng.choice([-1, 1], spikes.sum())).astype(np.float32)
+        u.tofile(root / "cal_u" / f"{i:04d}.bin")
+        v.tofile(root / "cal_v" / f"{i:04d}.bin")
+    text = hb_yaml("mix.onnx", "u;v", "1x1x32x32;1x1x32x32", prefix="mix")
+    text = (text.replace("input_type_train: 'featuremap'", "input_type_train: 'featuremap;featuremap'")
+            .replace("input_layout_train: 'NCHW'", "input_layout_train: 'NCHW;NCHW'")
+            .replace("input_type_rt: 'featuremap'", "input_type_rt: 'featuremap;featuremap'")
+            .replace("input_layout_rt: 'NCHW'", "input_layout_rt: 'NCHW;NCHW'")
+            .replace("norm_type: 'no_preprocess'", "norm_type: 'no_preprocess;no_preprocess'")
+            .replace("cal_data_dir: 'cal'", "cal_data_dir: 'cal_u;cal_v'")
+            .replace("cal_data_type: 'float32'", "cal_data_type: 'float32;float32'")
+            .replace("calibration_type: 'max'", "calibration_type: 'mix'"))
+    cfg = root / "hb_config.yaml"
+    cfg.write_text(text)
+    return cfg

@@ -19,7 +19,7 @@ def collect(*chunks, nbins: int = NBINS) -> TensorStats:
 def gaussian_with_outliers(seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(60_000).astype(np.float32)
-    # Far enough out that the 128-bin minimum candidate of kl (hist_max / 16 = 4) can clip them.
+    # Far enough out that the 128-bin minimum candidate of kl (hist_max / 8 = 8) can clip them.
     x[:5] = [60.0, -50.0, 56.0, -62.0, 58.0]
     return x
 
@@ -162,17 +162,18 @@ def test_kl_matches_reference(name):
     assert 0 < got <= s.absmax
 
 
-def test_kl_layout_spans_absmax_and_can_clip_to_a_sixteenth():
+def test_kl_layout_is_hb_mappers_1024_bins_with_cut_points_from_128():
+    """hb_mapper's kl:num_bin=1024 (hb_quantizer_facts 1.4): bins of hist_max / 1024, every cut point
+    from 128 bins (the int8 half-range) to the full range."""
     for name in ("gaussian_outliers", "relu"):
         s = collect(DATASETS[name]())
         h, width, candidates = kl_layout(s)
         assert h.sum() == s.hist.sum()                       # merging and trimming lose no mass
-        assert s.absmax <= h.size * width < s.absmax + 4 * s.bin_width + 1e-12
-        assert 2048 <= h.size <= 4096
+        assert width == s.hist_max / 1024
+        assert s.absmax <= h.size * width < s.absmax + width + 1e-12
+        assert 512 < h.size <= 1024
         assert candidates[-1] == h.size                      # no clipping is always a candidate
-        step = candidates[1] - candidates[0]
-        assert candidates[0] * width <= s.absmax / 16 + (step + 1) * width  # TensorRT clips to absmax/16 too
-        assert len(candidates) <= 257 and (np.diff(candidates) > 0).all()
+        assert candidates[0] == 128 and (np.diff(candidates) == 1).all()
 
 
 def test_kl_clips_outliers_but_max_does_not():
@@ -180,12 +181,14 @@ def test_kl_clips_outliers_but_max_does_not():
     s = collect(x)
     t_kl = threshold(s, "kl")
     assert threshold(s, "max") == s.absmax == 62.0
-    assert 3.0 < t_kl < 0.1 * s.absmax  # the bulk is N(0, 1); outliers reach 62
+    # the bulk is N(0, 1); outliers reach 62. hb_mapper's 1024-bin layout clips to 1/8 of the
+    # power-of-two range at most (8.0 here), TensorRT's 2048-bin one went to 1/16.
+    assert 8.0 <= t_kl < 0.3 * s.absmax
     # channel_thresholds on the same stats: clipped for kl, untouched for max
     s2 = collect(np.stack([x, x / 1000.0], axis=1))
     np.testing.assert_array_equal(channel_thresholds(s2, "max"), [62.0, np.float32(62.0) / 1000.0])
     ct = channel_thresholds(s2, "kl")
-    assert ct[0] == threshold(s2, "kl") < 6.2
+    assert ct[0] == threshold(s2, "kl") < 0.3 * 62.0
     assert ct[1] == s2.channel_absmax[1]
 
 
@@ -303,3 +306,39 @@ def test_thresholds_never_exceed_absmax():
         for m in METHODS:
             for qmax in (127, 32767):
                 assert 0.0 < threshold(s, m, percentile=0.9999, qmax=qmax) <= s.absmax
+
+
+# ---------------------------------------------------------------- max-percentile (hb_mapper's reading)
+
+
+def test_hb_kernel_percentile_is_the_notes_p_prime():
+    """hb_quantizer_facts 1.3: p' = max(0.5, 1 - (1 - p) N)."""
+    from tuner.calib.methods import hb_kernel_percentile
+
+    for n, want in ((50, 0.9975), (100, 0.995), (500, 0.975), (10_000, 0.5), (20_000, 0.5)):
+        assert hb_kernel_percentile(0.99995, n) == pytest.approx(want, abs=1e-12)
+
+
+def test_max_percentile_is_the_p_prime_quantile_of_the_running_max():
+    rng = np.random.default_rng(3)
+    samples = [rng.standard_normal((1, 2, 16, 16)).astype(np.float32) * (1 + 4 * (i == 7)) for i in range(40)]
+    c = StatsCollector()
+    for x in samples:
+        c.update(x)
+    s = c.result()
+    assert s.samples == 40
+    running = np.max(np.abs(np.concatenate(samples)), axis=0).astype(np.float64)
+    for p in (0.9999, 0.99995, 0.999):
+        p_kernel = max(0.5, 1 - (1 - p) * 40)
+        want = float(np.quantile(running, p_kernel))
+        got = threshold(s, "max-percentile", percentile=p)
+        assert abs(got - want) <= s.bin_width + 1e-12, (p, got, want)
+        # a different statistic from the pooled p-quantile of |x|
+        assert got != threshold(s, "percentile", percentile=p)
+    assert threshold(s, "max-percentile", percentile=1.0) == s.absmax
+
+
+def test_max_percentile_without_running_max_falls_back_to_the_pooled_reading():
+    s = collect(gaussian_with_outliers())
+    bare = TensorStats(count=s.count, min=s.min, max=s.max, channel_absmax=None, hist=s.hist, hist_max=s.hist_max)
+    assert threshold(bare, "max-percentile", percentile=0.999) == threshold(s, "percentile", percentile=0.999)

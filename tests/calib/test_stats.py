@@ -222,8 +222,11 @@ def _sample_stats() -> dict[str, TensorStats]:
 
 
 def assert_same(a: TensorStats, b: TensorStats) -> None:
-    assert (a.count, a.min, a.max, a.hist_max) == (b.count, b.min, b.max, b.hist_max)
+    assert (a.count, a.min, a.max, a.hist_max, a.samples) == (b.count, b.min, b.max, b.hist_max, b.samples)
     assert np.array_equal(a.hist, b.hist) and b.hist.dtype == np.int64
+    assert (a.max_hist is None) == (b.max_hist is None)
+    if a.max_hist is not None:
+        assert np.array_equal(a.max_hist, b.max_hist) and a.max_hist.sum() > 0
     if a.channel_absmax is None:
         assert b.channel_absmax is None
     else:

@@ -17,7 +17,7 @@ from tuner.errors import TunerError
 from tuner.inputs.data import DataSet
 from tuner.simulate.session import make_session, run_samples, with_outputs
 
-STATS_VERSION = "1"
+STATS_VERSION = "2"   # 2: running-max histograms for max-percentile
 
 
 def cache_dir() -> Path:

@@ -13,10 +13,16 @@ import numpy as np
 
 from tuner.calib.stats import TensorStats
 
-METHODS = ("max", "percentile", "kl", "mse")
+METHODS = ("max", "percentile", "max-percentile", "kl", "mse")
 
-KL_BINS = 2048  # TensorRT's entropy calibration works on a 2048-bin |x| histogram
-KL_MAX_CANDIDATES = 256  # ~0.4% of absmax resolution; cost is linear in it (~1 ms a tensor)
+#: hb_mapper's kl parameters (``kl:num_bin=1024,max_num_bin=16384``, hb_quantizer_facts 1.4, src
+#: 24739346373 / 24921638862): the |x| histogram has num_bin bins and candidate cut points from 128
+#: bins (the int8 half-range; num_bin is raised to at least 129) upward [inferred: the search itself
+#: is C++]. tuner's exact histogram is merged to bins of hist_max / KL_BINS, hist_max being the power
+#: of two above abs-max, so 513..1024 bins hold the data; every cut point from 128 is a candidate.
+KL_BINS = 1024
+KL_MAX_NUM_BIN = 16384
+KL_MAX_CANDIDATES = 1024
 KL_EPS = 1e-4  # smoothing constant of the TensorRT/MXNet/onnxruntime implementations
 KL_TAYLOR_MAX_E = 1e-2  # above this smoothing shift, _kl_divergences sums exactly instead of by series
 MSE_CANDIDATES = 200
@@ -26,12 +32,23 @@ def threshold(stats: TensorStats, method: str, *, percentile: float | None = Non
     """Symmetric clipping threshold T of one tensor under ``method``.
 
     ``percentile`` (p in (0, 1], Horizon's ``max_percentile``) is required by, and only used by,
-    the ``percentile`` method. An all-zero (or empty) tensor gives 0.0 for every method.
+    the ``percentile`` and ``max-percentile`` methods. An all-zero (or empty) tensor gives 0.0 for
+    every method.
+
+    * ``percentile``: the p-quantile of |x| pooled over every value of every sample.
+    * ``max-percentile``: hb_mapper's reading (hb_quantizer_facts 1.3, src 24654149289): its kernel
+      receives ``p' = max(0.5, 1 - (1 - p) * N)`` for N calibration samples, which is the first-order
+      correction for taking the p'-quantile of the element-wise running max of |x| over the samples
+      (one value per tensor position); that quantile approximates the pooled p-quantile. The
+      kernel is C++, so this reading is **inferred** (the note argues for it: the pooled reading
+      of p' would clip 10-50 % of values at the documented sweep values); ``tuner import-calibrated``
+      checks it against a real calibrated model. Statistics without the running max fall back to
+      ``percentile``.
     """
     _check_method(method)
     if qmax < 1:
         raise ValueError(f"qmax must be >= 1, got {qmax}")
-    if method == "percentile":
+    if method in ("percentile", "max-percentile"):
         _check_percentile(percentile)
     amax = stats.absmax
     if amax == 0.0:
@@ -40,6 +57,8 @@ def threshold(stats: TensorStats, method: str, *, percentile: float | None = Non
         return amax
     if method == "percentile":
         return _percentile(stats, float(percentile))  # type: ignore[arg-type]
+    if method == "max-percentile":
+        return _max_percentile(stats, float(percentile))  # type: ignore[arg-type]
     if method == "kl":
         # KL against 128 levels models int8; int16 has so many levels that clipping never pays.
         return amax if qmax > 127 else _kl(stats, qmax)
@@ -81,6 +100,17 @@ def _check_percentile(p: float | None) -> None:
         raise ValueError(f"percentile must be in (0, 1], got {p}")
 
 
+def hb_kernel_percentile(p: float, samples: int) -> float:
+    """What hb_mapper hands its max-percentile kernel for ``max_percentile = p`` and N samples."""
+    return max(0.5, 1.0 - (1.0 - p) * samples)
+
+
+def _max_percentile(stats: TensorStats, p: float) -> float:
+    if stats.max_hist is None or stats.samples < 1 or p == 1.0:
+        return _percentile(stats, p)
+    return _hist_quantile(stats.max_hist, stats.bin_width, stats.absmax, hb_kernel_percentile(p, stats.samples))
+
+
 def _percentile(stats: TensorStats, p: float) -> float:
     """The p-quantile of |x| with np.quantile's 'linear' definition, read off the histogram.
 
@@ -90,13 +120,14 @@ def _percentile(stats: TensorStats, p: float) -> float:
     order statistic lies in the same bin as the true one, so the result is within one bin width
     of np.quantile(|x|, p).
     """
-    amax = stats.absmax
+    return _hist_quantile(stats.hist, stats.bin_width, stats.absmax, p)
+
+
+def _hist_quantile(hist: np.ndarray, w: float, amax: float, p: float) -> float:
     if p == 1.0:
         return amax
-    hist = stats.hist
     cum = np.cumsum(hist)
     n = int(cum[-1])
-    w = stats.bin_width
 
     def order_stat(j: int) -> float:
         i = int(np.searchsorted(cum, j, side="right"))  # first bin with cum > j
@@ -189,18 +220,17 @@ def _kl_divergences(hist: np.ndarray, nq: int, candidates: np.ndarray, eps: floa
 def kl_layout(stats: TensorStats, qmax: int = 127) -> tuple[np.ndarray, float, np.ndarray]:
     """The histogram KL works on: (counts, bin width, candidate bin counts).
 
-    TensorRT bins [0, absmax] into 2048 bins and tries i = 128..2048, so it can clip down to
-    absmax/16. Our exact histogram spans a power of two up to 2*absmax; trimmed to the bins
-    that hold data and merged by 4 (exact), it spans ~absmax in 2048..4096 bins. Candidates
-    start at 1/16 of that range, like TensorRT, with a stride that keeps at most
-    ``KL_MAX_CANDIDATES`` of them (a threshold resolution of ~0.2% of absmax).
+    hb_mapper's num_bin = 1024 bins, read as bins of ``hist_max / 1024`` over the exact power-of-two
+    histogram (merged by 16, exact) trimmed to the bins that hold data: 513..1024 bins spanning
+    ~absmax. Candidates are every bin count from 128 (= qmax + 1 levels, so KL can clip down to about
+    an eighth of the range) to the full range.
     """
-    merge = max(1, stats.hist.size // (2 * KL_BINS))
+    merge = max(1, stats.hist.size // KL_BINS)
     used = int(np.flatnonzero(stats.hist)[-1]) + 1
     used = -(-used // merge) * merge
     h = stats.hist[:used].reshape(-1, merge).sum(axis=1)
     nq = qmax + 1
-    start = max(nq, -(-h.size // 16))
+    start = min(nq, h.size)
     step = max(1, -(-(h.size - start) // KL_MAX_CANDIDATES))
     candidates = np.arange(h.size, start - 1, -step)[::-1]  # always includes the full range
     return h, stats.bin_width * merge, candidates

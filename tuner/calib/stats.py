@@ -27,7 +27,7 @@ _MIN_EXP_OFFSET = -1022
 # 2**1024 is not a float: abs-max must stay below 2**1023 (float32/float16 data always does).
 _MAX_EXP = 1023
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: field-wise == on ndarrays would be ambiguous
@@ -44,6 +44,11 @@ class TensorStats:
     channel_absmax: np.ndarray | None  # float64 [C], abs-max per channel (axis 1); None if rank < 2
     hist: np.ndarray  # int64 [nbins], histogram of |x| over [0, hist_max), equal-width bins
     hist_max: float  # upper edge of the histogram, a power of two (0.0 while every value was 0)
+    # hb_mapper's max-percentile reading (tuner.calib.methods): the element-wise running max of |x|
+    # over the samples (one value per position of a sample), as a histogram on the same bins as
+    # ``hist``; and the number of samples (batch entries) seen. None / 0 for statistics without it.
+    max_hist: np.ndarray | None = None
+    samples: int = 0
 
     @property
     def absmax(self) -> float:
@@ -73,6 +78,9 @@ class StatsCollector:
         self._hist = np.zeros(nbins, dtype=np.int64)
         self._exp: int | None = None  # hist_max == 2**_exp once a nonzero value has been seen
         self._pending_zeros = 0  # exact zeros seen before the range existed
+        self._running_max: np.ndarray | None = None  # |x| max per position over the samples (float32)
+        self._samples = 0
+        self._running_ok = True
 
     def update(self, x: np.ndarray) -> None:
         """Add one batch (batch axis first, channel axis 1; any float dtype).
@@ -112,6 +120,15 @@ class StatsCollector:
 
         # Validation done: from here on, mutate.
         a = np.abs(x)
+        if self._running_ok:
+            m = (a.max(axis=0) if x.ndim >= 2 else a).astype(np.float32, copy=False)
+            if self._running_max is None:
+                self._running_max = np.array(m, dtype=np.float32)
+            elif self._running_max.shape == m.shape:
+                np.maximum(self._running_max, m, out=self._running_max)
+            else:   # samples of different shapes have no positions in common: no running max
+                self._running_ok, self._running_max = False, None
+        self._samples += x.shape[0] if x.ndim >= 2 else 1
         if layout:
             ch = a.reshape(x.shape[0], layout, -1).max(axis=(0, 2)).astype(np.float64)
             if self._channel_absmax is None:
@@ -163,6 +180,18 @@ class StatsCollector:
             ch = self._channel_absmax.copy()
             ch.setflags(write=False)
         empty = self._count == 0
+        max_hist: np.ndarray | None = np.zeros(self._nbins, dtype=np.int64)
+        if self._running_max is None:
+            max_hist = None
+        else:
+            if self._exp is None:
+                max_hist[0] = self._running_max.size
+            else:
+                scale = math.ldexp(float(self._nbins), -self._exp)
+                idx = np.minimum(np.multiply(self._running_max, scale, dtype=np.float64).astype(np.intp).ravel(),
+                                 self._nbins - 1)
+                max_hist += np.bincount(idx, minlength=self._nbins)
+            max_hist.setflags(write=False)
         return TensorStats(
             count=self._count,
             min=0.0 if empty else self._min,
@@ -170,6 +199,8 @@ class StatsCollector:
             channel_absmax=ch,
             hist=hist,
             hist_max=0.0 if self._exp is None else math.ldexp(1.0, self._exp),
+            max_hist=max_hist,
+            samples=self._samples,
         )
 
 
@@ -197,6 +228,7 @@ def save_stats(path: str | os.PathLike, stats: dict[str, TensorStats], meta: dic
         "min": np.array([s.min for s in stats.values()], dtype=np.float64),
         "max": np.array([s.max for s in stats.values()], dtype=np.float64),
         "hist_max": np.array([s.hist_max for s in stats.values()], dtype=np.float64),
+        "samples": np.array([s.samples for s in stats.values()], dtype=np.int64),
         "meta_keys": np.array(list(meta), dtype=np.str_),
         "meta_values": np.array(list(meta.values()), dtype=np.str_),
     }
@@ -204,6 +236,8 @@ def save_stats(path: str | os.PathLike, stats: dict[str, TensorStats], meta: dic
         arrays[f"hist_{i}"] = np.asarray(s.hist, dtype=np.int64)
         if s.channel_absmax is not None:
             arrays[f"channel_absmax_{i}"] = np.asarray(s.channel_absmax, dtype=np.float64)
+        if s.max_hist is not None:
+            arrays[f"max_hist_{i}"] = np.asarray(s.max_hist, dtype=np.int64)
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -227,7 +261,7 @@ def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[st
         if "format_version" not in z.files or int(z["format_version"]) != _FORMAT_VERSION:
             raise ValueError(f"{path}: not a tuner stats file of format version {_FORMAT_VERSION}")
         names = [str(n) for n in z["names"]]
-        count, mn, mx, hist_max = z["count"], z["min"], z["max"], z["hist_max"]
+        count, mn, mx, hist_max, samples = z["count"], z["min"], z["max"], z["hist_max"], z["samples"]
         stats: dict[str, TensorStats] = {}
         for i, name in enumerate(names):
             hist = z[f"hist_{i}"].astype(np.int64, copy=False)
@@ -237,6 +271,10 @@ def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[st
             if key in z.files:
                 ch = z[key].astype(np.float64, copy=False)
                 ch.setflags(write=False)
+            mh = None
+            if f"max_hist_{i}" in z.files:
+                mh = z[f"max_hist_{i}"].astype(np.int64, copy=False)
+                mh.setflags(write=False)
             stats[name] = TensorStats(
                 count=int(count[i]),
                 min=float(mn[i]),
@@ -244,6 +282,8 @@ def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[st
                 channel_absmax=ch,
                 hist=hist,
                 hist_max=float(hist_max[i]),
+                max_hist=mh,
+                samples=int(samples[i]),
             )
         meta = {str(k): str(v) for k, v in zip(z["meta_keys"], z["meta_values"])}
     return stats, meta
