@@ -19,10 +19,12 @@ METHODS = ("max", "percentile", "max-percentile", "kl", "mse")
 #: 24739346373 / 24921638862): the |x| histogram has num_bin bins and candidate cut points from 128
 #: bins (the int8 half-range; num_bin is raised to at least 129) upward [inferred: the search itself
 #: is C++]. tuner's exact histogram is merged to bins of hist_max / KL_BINS, hist_max being the power
-#: of two above abs-max, so 513..1024 bins hold the data; every cut point from 128 is a candidate.
+#: of two above abs-max, so 513..1024 bins hold the data. Cut points from 128 bins up, with a stride
+#: that keeps at most KL_MAX_CANDIDATES of them (every 4th bin at most: 0.4% of the range; every cut
+#: point made the first kl trial on PP-OCRv4's detector 1.6x dearer, 0.37 s vs 0.23 s of thresholds).
 KL_BINS = 1024
 KL_MAX_NUM_BIN = 16384
-KL_MAX_CANDIDATES = 1024
+KL_MAX_CANDIDATES = 256
 KL_EPS = 1e-4  # smoothing constant of the TensorRT/MXNet/onnxruntime implementations
 KL_TAYLOR_MAX_E = 1e-2  # above this smoothing shift, _kl_divergences sums exactly instead of by series
 MSE_CANDIDATES = 200
@@ -222,8 +224,8 @@ def kl_layout(stats: TensorStats, qmax: int = 127) -> tuple[np.ndarray, float, n
 
     hb_mapper's num_bin = 1024 bins, read as bins of ``hist_max / 1024`` over the exact power-of-two
     histogram (merged by 16, exact) trimmed to the bins that hold data: 513..1024 bins spanning
-    ~absmax. Candidates are every bin count from 128 (= qmax + 1 levels, so KL can clip down to about
-    an eighth of the range) to the full range.
+    ~absmax. Candidates are bin counts from 128 (= qmax + 1 levels, so KL can clip down to about
+    an eighth of the range) to the full range, at most ``KL_MAX_CANDIDATES`` of them.
     """
     merge = max(1, stats.hist.size // KL_BINS)
     used = int(np.flatnonzero(stats.hist)[-1]) + 1
