@@ -26,6 +26,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ws = Workspace.open(args.config, data=_data_dirs(args.data), limit=args.limit, march=args.march,
                         threads=args.threads, progress=progress_printer("calibration statistics"))
     t_stats = time.perf_counter() - t0
+    if args.thresholds:
+        from tuner.toolchain.calibrated_report import real_thresholds
+
+        ws.real_thresholds = real_thresholds(ws, args.thresholds)
     if args.trace and args.no_nodes:
         raise TunerError("--trace shows the per-node values that --no-nodes skips; use one of them")
     ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)
@@ -430,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true", help="accumulated-error view: per node in graph order, the "
                                                         "cosine, its change from the node's inputs, and CPU/BPU "
                                                         "switches; marks where error enters")
+    p.add_argument("--thresholds", metavar="CALIBRATED.onnx",
+                   help="simulate with hb_mapper's real thresholds and qtypes from its *_calibrated_model.onnx "
+                        "instead of tuner's calibration")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("check-data", help="check calibration data against the YAML: format, statistics, known mistakes",

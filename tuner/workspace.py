@@ -71,11 +71,20 @@ class Workspace:
         ws = cls.open(space.base, data=data or space.eval_data, limit=limit or space.raw["eval_limit"],
                       march=march or space.raw["march"], threads=threads, progress=progress)
         ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
+        if space.thresholds is not None:
+            from tuner.toolchain.calibrated_report import real_thresholds
+
+            # the search places nodes and picks int16 around hb_mapper's real calibration: the
+            # candidates' int8/int16 choices stand, the real thresholds (and uint8 nodes) apply
+            ws.real_thresholds = real_thresholds(ws, space.thresholds)
+            ws.real_honour_qtypes = False
         return ws
 
     task_metrics: list = field(default_factory=list)
     labels: object = None
     user_base: Path | None = None   # the folder user metrics (file.py:function) are found relative to
+    real_thresholds: object = None  # hb_mapper's (tuner.toolchain.calibrated.MappedThresholds), else tuner's own
+    real_honour_qtypes: bool = True
 
     def use_task_metrics(self, specs: list, label_patterns: dict[str, str], base: Path) -> None:
         """Compute these task metrics in every evaluation, against these label files where given."""
@@ -93,6 +102,8 @@ class Workspace:
                                         thresholds=self.thresholds, task_metrics=self.task_metrics,
                                         labels=self.labels, user_base=self.user_base,
                                         calibration_data=self.calibration_data)
+            if self.real_thresholds is not None:
+                self._simulator.use_thresholds(self.real_thresholds, self.real_honour_qtypes)
         return self._simulator
 
     def base_candidate(self) -> Candidate:

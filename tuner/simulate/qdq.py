@@ -26,11 +26,17 @@ MS = "com.microsoft"
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
 
 
-def fake_quant_weight(w: np.ndarray, axis: int) -> np.ndarray:
-    """Symmetric int8 per-channel fake quantization along ``axis`` (scale = max|w_c| / 127)."""
+def fake_quant_weight(w: np.ndarray, axis: int, thresholds: np.ndarray | None = None) -> np.ndarray:
+    """Symmetric int8 per-channel fake quantization along ``axis`` (scale = max|w_c| / 127, or
+    ``thresholds[c]`` / 127 when given: hb_mapper's own weight thresholds)."""
     axis = axis % w.ndim
     reduce_axes = tuple(i for i in range(w.ndim) if i != axis)
-    amax = np.abs(w).max(axis=reduce_axes, keepdims=True) if reduce_axes else np.abs(w)
+    if thresholds is not None:
+        shape = [1] * w.ndim
+        shape[axis] = w.shape[axis]
+        amax = np.asarray(thresholds, np.float64).reshape(shape)
+    else:
+        amax = np.abs(w).max(axis=reduce_axes, keepdims=True) if reduce_axes else np.abs(w)
     scale = np.where(amax > 0, amax / 127.0, 1.0)
     return (np.clip(np.round(w / scale), -127, 127) * scale).astype(w.dtype)
 
@@ -58,7 +64,8 @@ def input_channel_of(w_shape: tuple[int, ...], group: int) -> np.ndarray:
     return (o // per_group) * cin_g + j
 
 
-def equalized_weight(w: np.ndarray, ratio: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+def equalized_weight(w: np.ndarray, ratio: np.ndarray, group: int,
+                     thresholds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """hb_mapper's activation equalization of a Conv whose input has channel scales s_c.
 
     ``ActivationEqualization`` (hb_quantizer_facts 1.5, src 24558990649 / 24271918369) multiplies the
@@ -66,12 +73,14 @@ def equalized_weight(w: np.ndarray, ratio: np.ndarray, group: int) -> tuple[np.n
     the channel scales and dequantizes it with ``max(s)``; the weights are calibrated afterwards, on the
     scaled weights (per output channel). Returns (the weight the float Conv must use so that it
     computes exactly that with a per-channel fake-quantized input: ``fq(W * ratio) / ratio``, the
-    int8 weight scales of ``W * ratio``).
+    int8 weight scales of ``W * ratio``). ``thresholds``: hb_mapper's own thresholds of the scaled
+    weight, per output channel, instead of max |W * ratio|.
     """
     r = ratio[input_channel_of(w.shape, group)].reshape(w.shape[:2] + (1,) * (w.ndim - 2)).astype(np.float64)
     scaled = w.astype(np.float64) * r
-    fq = fake_quant_weight(scaled, 0)
-    return (fq / r).astype(w.dtype), weight_scales(scaled, 0)
+    fq = fake_quant_weight(scaled, 0, thresholds)
+    scales = weight_scales(scaled, 0) if thresholds is None else np.where(thresholds > 0, thresholds / 127.0, 1.0)
+    return (fq / r).astype(w.dtype), scales
 
 
 class WeightCache:
@@ -263,16 +272,32 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             if source is not None:
                 # The scale the input's Q/DQ actually uses (a same-scale op upstream lends its own).
                 s_in = scales.get(plan.scale_of.get(source[0], source[0]), source[1], n.name in equalized)
+            # hb_mapper's own weight thresholds (tuner.simulate.realscales), where the scales have them
+            real_w = getattr(scales, "weight_thresholds", None)
+            w_thr = real_w(n.name) if real_w is not None else None
+            if w_thr is not None and w_thr.size != tuple(w_init.dims)[w_axis % len(w_init.dims)]:
+                w_thr = None
             if s_in is not None and s_in.axis is not None:
                 ratio = np.asarray(s_in.scale, np.float64) / s_in.dequantize_scale
                 group = next((a.i for a in n.proto.attribute if a.name == "group"), 1)
-                eq_key = ("eq", w_init.name, group, ratio.tobytes())
+                thr_bytes = w_thr.tobytes() if w_thr is not None else b""
+                eq_key = ("eq", w_init.name, group, ratio.tobytes(), thr_bytes)
                 if eq_key not in memo:
-                    w_eq, w_scales = equalized_weight(numpy_helper.to_array(w_init), ratio, group)
-                    digest = hashlib.sha256(ratio.tobytes()).hexdigest()[:12]
+                    w_eq, w_scales = equalized_weight(numpy_helper.to_array(w_init), ratio, group, w_thr)
+                    digest = hashlib.sha256(ratio.tobytes() + thr_bytes).hexdigest()[:12]
                     memo[eq_key] = (numpy_helper.from_array(w_eq, name=f"{w_init.name}__w8eq{digest}"), w_scales)
                 wq, w_scales = memo[eq_key]
                 in_scale = s_in.dequantize_scale
+            elif w_thr is not None:
+                real_key = ("wreal", w_init.name, w_axis, w_thr.tobytes())
+                if real_key not in memo:
+                    w = numpy_helper.to_array(w_init)
+                    digest = hashlib.sha256(w_thr.tobytes()).hexdigest()[:12]
+                    memo[real_key] = (numpy_helper.from_array(fake_quant_weight(w, w_axis, w_thr),
+                                                              name=f"{w_init.name}__w8hb{digest}"),
+                                      np.where(w_thr > 0, w_thr / 127.0, 1.0))
+                wq, w_scales = memo[real_key]
+                in_scale = float(s_in.scale) if s_in is not None else None
             else:
                 wq, w_scales = weights.get(w_init, w_axis), weights.scales(w_init, w_axis)
                 in_scale = float(s_in.scale) if s_in is not None else None

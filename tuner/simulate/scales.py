@@ -39,12 +39,13 @@ class Scale:
     zero_point: np.ndarray     # same shape; int8/int16/uint8 dtype
     axis: int | None
     threshold: float           # the per-tensor threshold (for tables)
+    dequant: float | None = None   # an explicit dequantize_scale (real thresholds), else the largest channel's
 
     @property
     def dequantize_scale(self) -> float:
         """The single scale an equalized Conv input is dequantized with: the largest channel's
-        (HzCalibration's ``dequantize_scale``, hb_quantizer_facts 4.1)."""
-        return float(np.max(self.scale))
+        (HzCalibration's ``dequantize_scale``, hb_quantizer_facts 4.1), unless given."""
+        return float(self.dequant) if self.dequant is not None else float(np.max(self.scale))
 
 
 def method_of(cal: Calibration) -> tuple[str, float | None]:

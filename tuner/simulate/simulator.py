@@ -32,6 +32,7 @@ from tuner.simulate.calibrate import (DEFAULT_SEARCH_SAMPLES, MIX_SENSITIVITY_SA
                                       single_node_plan)
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
+from tuner.simulate.realscales import RealCalibration, RealScales
 from tuner.simulate.scales import ScaleTable
 from tuner.simulate.session import make_session, run_samples, with_outputs
 
@@ -109,6 +110,8 @@ class Simulator:
         self._search: tuple[list, list] | None = None   # (samples, float outputs) of the method searches
         self._choices: dict[tuple, DefaultChoice | MixedCalibration] = {}
         self._scale_tables: dict = {}
+        self.real = None                 # hb_mapper's real thresholds (use_thresholds), else None
+        self.real_honour_qtypes = True
         self.session_builds = 0
         self.search_evaluations = 0    # model runs of default's / mix's method comparison (not mix's per-node ones)
         # Weights do not depend on the candidate: fake-quantize them all once, here.
@@ -145,9 +148,18 @@ class Simulator:
         self.float_seconds = time.perf_counter() - t0
 
     # -- calibration -------------------------------------------------------------------
+    def use_thresholds(self, real, honour_qtypes: bool = True) -> None:
+        """Simulate with hb_mapper's real thresholds (a :class:`~tuner.toolchain.calibrated.MappedThresholds`
+        from its calibrated model) instead of tuner's calibration; None: back to tuner's own.
+        ``honour_qtypes``: the real qtypes win over the plan's int8/int16 (see tuner.simulate.realscales)."""
+        self.real = real
+        self.real_honour_qtypes = honour_qtypes
+
     def scales(self, calibration: Calibration | MixedCalibration) -> ScaleTable | MixScales:
         if calibration not in self._scale_tables:
-            if isinstance(calibration, MixedCalibration):
+            if isinstance(calibration, RealCalibration):
+                self._scale_tables[calibration] = RealScales(calibration, self.scales(calibration.fallback))
+            elif isinstance(calibration, MixedCalibration):
                 self._scale_tables[calibration] = MixScales(calibration, self.scales)
             else:
                 self._scale_tables[calibration] = ScaleTable(self.stats, calibration, self.thresholds)
@@ -157,6 +169,12 @@ class Simulator:
         """The explicit calibration to simulate; ``default`` and ``mix`` choose theirs as hb_mapper
         does (tuner.simulate.calibrate), once per (nodes, optimization)."""
         cal = candidate.calibration
+        if getattr(self, "real", None) is not None:
+            # tuner's scales only where hb_mapper calibrated nothing: the YAML's method when explicit
+            fallback = cal if cal.type in ("max", "kl") else Calibration("max")
+            real = RealCalibration(self.real, fallback, self.real_honour_qtypes)
+            return real, [f"thresholds: hb_mapper's, from {self.real.source} (tuner's {fallback.describe()} "
+                          "where it calibrated nothing)"]
         if cal.type in ("max", "kl"):
             return cal, []
         if cal.type in ("load", "skip"):

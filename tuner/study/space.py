@@ -81,6 +81,7 @@ class SearchSpace:
     base: Path
     eval_data: list[Path] | None
     profile: Path | None = None
+    thresholds: Path | None = None     # hb_mapper's calibrated model: real thresholds for every trial
 
     @property
     def nodes(self) -> dict[str, Any]:
@@ -230,7 +231,16 @@ def load_space(path: str | Path) -> SearchSpace:
         profile = (path.parent / str(raw["profile"])).resolve()
         if not profile.is_file():
             raise TunerError(f"{path}: profile: {raw['profile']!r} not found (resolved to {profile})")
-    return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, profile=profile)
+    thresholds = None
+    if raw.get("thresholds") is not None:
+        thresholds = (path.parent / str(raw["thresholds"])).resolve()
+        if not thresholds.is_file():
+            raise TunerError(f"{path}: thresholds: {raw['thresholds']!r} not found (resolved to {thresholds}); give "
+                             "hb_mapper's working_dir/<prefix>_calibrated_model.onnx")
+        from tuner.inputs.model import file_fingerprint
+
+        raw["thresholds_sha256"] = file_fingerprint(thresholds)   # a new calibrated model is a new space
+    return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, profile=profile, thresholds=thresholds)
 
 
 # --------------------------------------------------------------------------- resolution

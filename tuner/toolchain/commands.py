@@ -130,7 +130,39 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if all(rec.get("status") == "ok" for _, rec in done) else 1
 
 
+def cmd_import_calibrated(args: argparse.Namespace) -> int:
+    from tuner.toolchain.calibrated import read_calibrated
+    from tuner.toolchain.calibrated_report import build_report
+    from tuner.workspace import Workspace, progress_printer
+
+    cal = read_calibrated(args.calibrated)      # a file without HzCalibration nodes stops here
+    ws = Workspace.open(args.config, limit=args.limit, march=args.march, threads=args.threads,
+                        progress=progress_printer("calibration statistics"))
+    report = build_report(ws, cal, run_pc=not args.no_run, reading=not args.no_run)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, allow_nan=False))
+    else:
+        print(report.text())
+    return 0
+
+
 def add_commands(sub) -> None:
+    p = sub.add_parser("import-calibrated", help="read hb_mapper's *_calibrated_model.onnx: real vs tuner thresholds, "
+                                                 "plan differences, and the calibrated model run on the PC",
+                       description="Read every HzCalibration node of hb_mapper's calibrated model (left in "
+                                   "working_dir), compare its thresholds and dtypes with tuner's for the YAML, say "
+                                   "which max_percentile reading they support, and run the calibrated model in "
+                                   "onnxruntime against the float model on the YAML's data (the 'check the "
+                                   "calibrated model on the PC' step, without the toolchain).")
+    p.add_argument("calibrated", help="working_dir/<prefix>_calibrated_model.onnx")
+    p.add_argument("config", help="the hb_mapper YAML that produced it")
+    p.add_argument("--limit", type=int, help="use at most this many calibration samples for the PC check")
+    p.add_argument("--no-run", action="store_true", help="compare thresholds only (no data pass, no PC check)")
+    p.add_argument("--march", help="override model_parameters.march")
+    p.add_argument("--threads", type=int, help="evaluation threads")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_import_calibrated)
+
     p = sub.add_parser("import-log", help="read an hb_mapper makertbin log; compare it with the simulation",
                        description="Parse hb_mapper_makertbin.log (node table, output table, chosen calibration, "
                                    "int16 decisions). With --config: simulate that YAML and show real and simulated "

@@ -1,0 +1,247 @@
+"""hb_mapper's *_calibrated_model.onnx: reader, real-threshold simulation, PC check, import-calibrated.
+
+No public calibrated model exists; these build synthetic ones per hb_quantizer_facts 4.1
+(tests/calibrated_models.py) from the tests' tiny model.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from calibrated_models import calibrate, weight_max
+from helpers import build_tiny_model, tiny_sample, write_tiny_project
+from tuner.cli import main
+from tuner.errors import TunerError
+from tuner.toolchain.calibrated import map_to_graph, parse_calibrated, read_calibrated
+from tuner.toolchain.calibrated_report import CalibratedReport, build_report
+from tuner.toolchain.calibrated_run import runnable_model
+from tuner.workspace import Workspace
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    cfg = write_tiny_project(tmp_path_factory.mktemp("cal") / "p")
+    ws = Workspace.open(cfg)
+    cand = ws.base_candidate()
+    return cfg, ws, ws.simulator.plan(cand), ws.simulator.scales(cand.calibration)
+
+
+def own_max_model(ws, plan, scales) -> onnx.ModelProto:
+    """A calibrated model whose thresholds are tuner's own max thresholds (activations and weights)."""
+    model = build_tiny_model()
+    acts = {t: {"thresholds": [scales.threshold(t, "int8")]} for t in plan.quantized_tensors()}
+    weights = {(ws.graph.by_name[n].inputs[1], n): {"thresholds": weight_max(model, ws.graph.by_name[n].inputs[1])}
+               for n in plan.weights}
+    return calibrate(model, acts, weights)
+
+
+def mixed_model(ws, scales) -> onnx.ModelProto:
+    """Several qtypes, per-channel, switch OFF, an equalized Conv input with dequantize_scale."""
+    model = build_tiny_model()
+    ch = ws.stats["/stem/relu_out"].channel_absmax
+    eq = {"thresholds": list(ch), "dequantize_scale": float(ch.max() / 127.0)}
+    acts = {"x": {"thresholds": [scales.threshold("x")]},
+            "/stem/relu_out": {"thresholds": [scales.threshold("/stem/relu_out")], "qtype": "uint8"},
+            "/gate/Conv_out": {"thresholds": [scales.threshold("/gate/Conv_out")], "qtype": "int16"},
+            "/gate/sig_out": {"thresholds": [1.0], "switch": "OFF"},
+            "/head/cat_out": {"thresholds": [scales.threshold("/head/cat_out") * 0.9]}}
+    m = calibrate(model, acts, equalized={("/stem/relu_out", "/res/Conv"): eq})
+    scaled = weight_max(m, "/res/Conv.w")          # weight thresholds on the pre-scaled weight (facts 1.5)
+    return calibrate(m, {}, weights={("/res/Conv.w", "/res/Conv"): {"thresholds": scaled}})
+
+
+def test_reader_reads_every_attribute_and_ignores_unknown_ones(project, tmp_path):
+    _, ws, _, scales = project
+    cal = parse_calibrated(mixed_model(ws, scales), tmp_path / "m.onnx")
+    by = {n.name: n for n in cal.nodes}
+    assert by["/gate/Conv_out_HzCalibration"].qtype == "int16"
+    assert by["/stem/relu_out_HzCalibration"].qtype == "uint8"
+    assert not by["/gate/sig_out_HzCalibration"].on and not by["/gate/sig_out_HzCalibration"].quantizes
+    eq = by["/stem/relu_out_/res/Conv_HzCalibration"]
+    assert eq.kind == "activation" and eq.tensor == "/stem/relu_out" and eq.per_channel and len(eq.thresholds) == 8
+    assert eq.dequantize_scale == pytest.approx(max(eq.thresholds) / 127.0, rel=1e-6)
+    w = by["/res/Conv.w_/res/Conv_HzCalibration"]
+    assert (w.kind, w.consumer, w.axis, len(w.thresholds)) == ("weight", "/res/Conv", 0, 8)
+    mapped = map_to_graph(cal, ws.graph, build_tiny_model())
+    assert set(mapped.activations["/stem/relu_out"]) == {by["/stem/relu_out_HzCalibration"], eq}
+    assert mapped.weights["/res/Conv"] == w
+
+
+def test_reader_errors_name_the_file_or_node(project, tmp_path, capsys):
+    cfg, ws, _, scales = project
+    plain = tmp_path / "plain.onnx"
+    onnx.save(build_tiny_model(), str(plain))
+    assert main(["import-calibrated", str(plain), str(cfg)]) == 2
+    assert "no HzCalibration node" in capsys.readouterr().err
+    # a node whose tensor tuner cannot map
+    m = calibrate(build_tiny_model(), {"x": {"thresholds": [50.0]}})
+    m.graph.node[0].input[0] = "nowhere"
+    m.graph.input.append(helper.make_tensor_value_info("nowhere", TensorProto.FLOAT, [1, 4, 16, 16]))
+    bad = tmp_path / "bad.onnx"
+    onnx.save(m, str(bad))
+    assert main(["import-calibrated", str(bad), str(cfg), "--no-run"]) == 2
+    err = capsys.readouterr().err
+    assert "x_HzCalibration" in err and "'nowhere'" in err and "Traceback" not in err
+    # a malformed attribute names the node
+    m = calibrate(build_tiny_model(), {"x": {"thresholds": [float("nan")]}})
+    with pytest.raises(TunerError, match="x_HzCalibration.*NaN"):
+        parse_calibrated(m, tmp_path / "nan.onnx")
+    m = calibrate(build_tiny_model(), {"x": {"thresholds": [1.0], "switch": "MAYBE"}})
+    with pytest.raises(TunerError, match="x_HzCalibration.*switch"):
+        parse_calibrated(m, tmp_path / "sw.onnx")
+
+
+def test_eval_with_own_max_thresholds_reproduces_eval_max(project, tmp_path, capsys):
+    cfg, ws, plan, scales = project
+    path = tmp_path / "own_calibrated_model.onnx"
+    onnx.save(own_max_model(ws, plan, scales), str(path))
+    assert main(["eval", str(cfg), "--json", "--no-nodes"]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(cfg), "--json", "--no-nodes", "--thresholds", str(path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["calibration"]["type"] == "real"
+    for out, m in ref["outputs"].items():
+        assert got["outputs"][out]["cosine"] == pytest.approx(m["cosine"], abs=1e-6)
+    assert got["mean_output_cosine"] == pytest.approx(ref["mean_output_cosine"], abs=1e-6)
+
+
+def test_real_thresholds_change_the_simulation(project, tmp_path):
+    cfg, ws, plan, scales = project
+    path = tmp_path / "mixed_calibrated_model.onnx"
+    onnx.save(mixed_model(ws, scales), str(path))
+    from tuner.toolchain.calibrated_report import real_thresholds
+
+    sim = Workspace.open(cfg).simulator
+    base = sim.evaluate(ws.base_candidate())
+    sim.use_thresholds(real_thresholds(ws, path))
+    real = sim.evaluate(ws.base_candidate())
+    rs = sim.scales(real.calibration)
+    assert str(np.asarray(rs.get("/stem/relu_out", "int8").zero_point).dtype) == "uint8"
+    assert str(np.asarray(rs.get("/gate/Conv_out", "int8").zero_point).dtype) == "int16"   # real qtype honoured
+    eq = rs.get("/stem/relu_out", "int8", channel=True)
+    assert eq.axis == 1 and eq.dequantize_scale == pytest.approx(float(ws.stats["/stem/relu_out"].channel_absmax.max()
+                                                                       / 127.0), rel=1e-6)
+    assert rs.get("/head/cat_out", "int8").threshold == pytest.approx(scales.threshold("/head/cat_out") * 0.9, rel=1e-6)
+    assert real.mean_cosine != base.mean_cosine
+
+
+def test_import_calibrated_table_differences_and_pc_check(project, tmp_path, capsys):
+    cfg, ws, plan, scales = project
+    path = tmp_path / "mixed_calibrated_model.onnx"
+    onnx.save(mixed_model(ws, scales), str(path))
+    assert main(["import-calibrated", str(path), str(cfg)]) == 0
+    text = capsys.readouterr().out
+    assert "Threshold real" in text and "Closest tuner method" in text and "PC check" in text
+    assert main(["import-calibrated", str(path), str(cfg), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    report = CalibratedReport.from_dict(d)
+    assert report.as_dict() == d
+    rows = {r.node: r for r in report.rows}
+    assert rows["/head/cat_out_HzCalibration"].ratio == pytest.approx(0.9, rel=1e-5)
+    assert rows["x_HzCalibration"].closest == "max"
+    diff = {x.tensor: x for x in report.differences}
+    assert diff["/gate/Conv_out"].real == "int16" and diff["/gate/Conv_out"].tuner == "int8"
+    assert diff["/gate/sig_out"].real == "float"                  # switch OFF
+    assert diff["/stem/relu_out"].real == "uint8"
+    assert diff["/res/relu_out"].real == "--"                     # tuner quantizes it, hb has no node
+    assert any("(/stem/Conv)" in t for t in diff)                 # a weight tuner quantizes, hb does not
+    pc = report.pc_check
+    assert pc.samples == 8 and pc.switched_off_cosine == pytest.approx(1.0, abs=1e-6)
+    assert pc.identities == 1 and pc.replaced == len(rows) - 1
+    assert 0.9 < pc.mean_cosine < 1.0
+
+
+def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
+    """The runnable model computes exactly facts 4.2's fake quantization, checked with numpy."""
+    _, ws, _, scales = project
+    cal = parse_calibrated(mixed_model(ws, scales), tmp_path / "m.onnx")
+    exposed = ["/stem/relu_out_/res/Conv_HzCalibration_out", "/stem/relu_out", "/gate/Conv_out",
+               "/gate/Conv_out_HzCalibration_out", "/gate/sig_out", "/gate/sig_out_HzCalibration_out"]
+    for fused in (False, True):
+        m = runnable_model(cal, fused=fused)
+        if fused and not any(n.op_type == "FakeQuant" for n in m.graph.node):
+            continue
+        for t in exposed:
+            m.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
+        from tuner.simulate.session import make_session
+
+        sess = make_session(m)
+        vals = dict(zip(exposed, sess.run(exposed, {"x": tiny_sample(0)})))
+        by = {n.name: n for n in cal.nodes}
+        eq = by["/stem/relu_out_/res/Conv_HzCalibration"]
+        s = (np.array(eq.thresholds, np.float32) / 127).astype(np.float32).reshape(1, -1, 1, 1)
+        q = np.clip(np.round(vals["/stem/relu_out"] / s), -128, 127)
+        np.testing.assert_allclose(vals[exposed[0]], q * np.float32(eq.dequantize_scale), rtol=1e-6)
+        t16 = by["/gate/Conv_out_HzCalibration"].thresholds[0]
+        s16 = np.float32(t16 / 32767)
+        np.testing.assert_allclose(vals[exposed[3]], np.clip(np.round(vals["/gate/Conv_out"] / s16), -32768, 32767)
+                                   * s16, rtol=1e-6, atol=1e-9)
+        np.testing.assert_array_equal(vals[exposed[5]], vals["/gate/sig_out"])    # switch OFF
+
+
+def test_fused_activation_stand_ins_and_unknown_horizon_op(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])
+    for kind, ref in (("HzSwish", lambda v: v / (1 + np.exp(-v))),
+                      ("HzGelu", lambda v: 0.5 * v * (1 + np.vectorize(__import__("math").erf)(v / np.sqrt(2)))),
+                      ("HzMish", lambda v: v * np.tanh(np.log1p(np.exp(v)))),
+                      ("HzHardSwish", lambda v: v * np.clip(v / 6 + 0.5, 0, 1))):
+        nodes = [helper.make_node("HzCalibration", ["x"], ["xq"], name="x_HzCalibration", domain="horizon",
+                                  thresholds=[4.0], qtype="int16"),
+                 helper.make_node(kind, ["xq"], ["y"], name="/act", domain="horizon")]
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("horizon", 1)])
+        run = runnable_model(parse_calibrated(m, tmp_path / "a.onnx"), fused=False)
+        v = np.linspace(-3, 3, 6, dtype=np.float32).reshape(1, 2, 3)
+        got = ort.InferenceSession(run.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": v})[0]
+        np.testing.assert_allclose(got, ref(v), atol=1e-3)
+    nodes[1] = helper.make_node("HzFilter", ["xq"], ["y"], name="/filter", domain="horizon")
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("horizon", 1)])
+    with pytest.raises(TunerError, match="'/filter' \\(HzFilter"):
+        runnable_model(parse_calibrated(m, tmp_path / "f.onnx"), fused=False)
+
+
+def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
+    """Thresholds made with the running-max reading are recognised as such, per tensor and overall."""
+    from tuner.calib.readings import kernel_percentile, running_max_thresholds
+
+    cfg = write_tiny_project(tmp_path / "p")
+    cfg.write_text(cfg.read_text().replace("per_channel: False", "per_channel: False\n  max_percentile: 0.999"))
+    ws = Workspace.open(cfg)
+    plan = ws.simulator.plan(ws.base_candidate())
+    tensors = sorted(plan.quantized_tensors())
+    running, q, n = running_max_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
+    assert q == pytest.approx(kernel_percentile(0.999, 8)) and q == pytest.approx(0.992) and n == 8
+    path = tmp_path / "pct_calibrated_model.onnx"
+    onnx.save(calibrate(build_tiny_model(), {t: {"thresholds": [running[t]]} for t in tensors}), str(path))
+    report = build_report(ws, read_calibrated(path), run_pc=False)
+    p = report.percentile
+    assert p is not None and p.kernel_percentile == pytest.approx(0.992)
+    assert p.verdict == "running_max" and p.running_max_wins > p.pooled_wins
+    assert main(["import-calibrated", str(path), str(cfg)]) == 0
+    assert "running-max p'-quantile" in capsys.readouterr().out
+
+
+def test_search_space_thresholds_key(tmp_path, project):
+    from helpers import write_tiny_space
+    from tuner.study.space import load_space
+
+    _, ws, plan, scales = project
+    space_path = write_tiny_space(tmp_path)
+    onnx.save(own_max_model(ws, plan, scales), str(tmp_path / "tiny_calibrated_model.onnx"))
+    text = space_path.read_text()
+    space_path.write_text(text + "thresholds: tiny_calibrated_model.onnx\n")
+    space = load_space(space_path)
+    assert space.thresholds == (tmp_path / "tiny_calibrated_model.onnx").resolve()
+    sws = Workspace.for_space(space)
+    ev = sws.simulator.evaluate(sws.base_candidate())
+    assert ev.calibration.type == "real" and not ev.calibration.honour_qtypes
+    space_path.write_text(text + "thresholds: missing.onnx\n")
+    with pytest.raises(TunerError, match="thresholds: 'missing.onnx' not found"):
+        load_space(space_path)
