@@ -204,10 +204,10 @@ def mixp(tmp_path_factory):
 
 def test_mix_takes_per_node_methods(mixp):
     """Two inputs that want different methods: the base is the best per-tensor method (kl, which
-    keeps v's spikes well enough and clips u's outlier); u, whose bulk wants the finer grid of
-    max-percentile, is sensitive under kl and takes max-percentile, whose single-node cosine is best.
-    (Measured: base ranking kl 0.9949 > max-percentile 0.9827 > max 0.9574; u: kl 0.9950,
-    max-percentile 0.9980.)"""
+    keeps v's spike and clips u's outlier, if not far enough); u and |u|, whose bulk wants the finer
+    grid of max-percentile, are sensitive under kl and take max-percentile, whose single-node cosine
+    is best. (Measured: base ranking kl 0.9946 > max 0.9570 > max-percentile 0.5447, which clips v's
+    spike; u under kl 0.9948, max-percentile 1.0000.)"""
     example = mixp
     sim = example.simulator
     cand = Candidate.make(Calibration("mix"))
@@ -225,12 +225,12 @@ def test_mix_takes_per_node_methods(mixp):
     for tensor, method in mix.merged:
         assert method != mix.base
     taken = Calibration("max", max_percentile=0.99995)
-    assert mix.base == Calibration("kl") and dict(mix.merged) == {"u": taken}
+    assert mix.base == Calibration("kl") and dict(mix.merged) == {"u": taken, "au": taken}
     # per-tensor mixing of the scales: the merged node has its method's threshold, the others the base's
     scales = sim.scales(mix)
     assert isinstance(scales, MixScales)
     assert scales.threshold("u") == sim.scales(taken).threshold("u") != sim.scales(mix.base).threshold("u")
-    other = next(t for t in calibration_nodes(ev.plan) if t != "u")
+    other = next(t for t in calibration_nodes(ev.plan) if t not in dict(mix.merged))
     assert scales.threshold(other) == sim.scales(mix.base).threshold(other)
     # sessions are keyed by the mix: a second evaluation builds nothing, the base alone is another model
     n = sim.session_builds
@@ -253,12 +253,14 @@ def test_eval_shows_the_mix_choice_and_its_merge_info(mixp):
     assert "Merge_Info(cosine-similarity)" in text.stdout
     merge_line = next(line for line in text.stdout.splitlines() if line.startswith("u "))
     assert "(select)" in merge_line
-    assert "calibration mix:base=kl:" in text.stdout and "max-percentile:percentile=0.99995 on 1 node(s)" in text.stdout
+    assert "calibration mix:base=kl:" in text.stdout and "max-percentile:percentile=0.99995 on 2 node(s)" in text.stdout
     out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)["calibration"]
     assert data["type"] == "mix"
-    assert data["merged"] == [{"node": "u", "method": "max-percentile:percentile=0.99995"}]
+    assert sorted(data["merged"], key=lambda m: m["node"]) == [
+        {"node": "au", "method": "max-percentile:percentile=0.99995"},
+        {"node": "u", "method": "max-percentile:percentile=0.99995"}]
     info = {row["node"]: row for row in data["merge_info"]}
-    assert info["u"]["selected"] == "max-percentile:percentile=0.99995" and info["au"]["selected"].startswith("kl:")
+    assert info["u"]["selected"] == info["au"]["selected"] == "max-percentile:percentile=0.99995"
     assert len(data["ranking"]) == 3 and data["base"]["method"] == data["ranking"][0]["method"]

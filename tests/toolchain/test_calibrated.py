@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from calibrated_models import calibrate, weight_max
 from helpers import build_tiny_model, tiny_sample, write_tiny_project
+from tuner.calib.methods import hb_kernel_percentile as kernel_percentile
 from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.toolchain.calibrated import map_to_graph, parse_calibrated, read_calibrated
@@ -207,9 +208,27 @@ def test_fused_activation_stand_ins_and_unknown_horizon_op(tmp_path):
         runnable_model(parse_calibrated(m, tmp_path / "f.onnx"), fused=False)
 
 
+def running_max_thresholds(model, data, tensors, p):
+    """The running-max reading computed directly (an independent reference for tuner.calib's
+    histogram-based one): the p'-quantile of the element-wise max of |x| over the samples."""
+    from tuner.simulate.session import make_session, run_samples, with_outputs
+
+    session = make_session(with_outputs(model.proto, tensors))
+    names = [o.name for o in session.get_outputs() if o.name in set(tensors)]
+    running, n = {}, 0
+    for sample, outs in run_samples(session, names, data, None, with_inputs=True):
+        values = dict(zip(names, outs))
+        values.update({k: v for k, v in sample.items() if k in set(tensors)})
+        for t, v in values.items():
+            a = np.abs(np.asarray(v, np.float32))
+            running[t] = np.maximum(running[t], a) if t in running else a.copy()
+        n += 1
+    q = kernel_percentile(p, n)
+    return {t: float(np.quantile(m.ravel(), q)) for t, m in running.items()}, q, n
+
+
 def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     """Thresholds made with the running-max reading are recognised as such, per tensor and overall."""
-    from tuner.calib.readings import kernel_percentile, running_max_thresholds
 
     cfg = write_tiny_project(tmp_path / "p")
     cfg.write_text(cfg.read_text().replace("per_channel: False", "per_channel: False\n  max_percentile: 0.999"))

@@ -17,7 +17,7 @@ from tuner.errors import TunerError
 from tuner.inputs.data import DataSet
 from tuner.simulate.session import make_session, run_samples, with_outputs
 
-STATS_VERSION = "2"   # 2: running-max histograms for max-percentile
+STATS_VERSION = "3"   # 2: running-max histograms for max-percentile; 3: graph inputs counted once
 
 
 def cache_dir() -> Path:
@@ -39,7 +39,9 @@ def collect_statistics(model, data: DataSet, tensors: list[str], threads: int | 
     """Run the float model over ``data`` once and return the statistics of ``tensors``."""
     session = make_session(with_outputs(model.proto, tensors))
     names = [o.name for o in session.get_outputs()]
-    wanted = [n for n in names if n in set(tensors)]
+    # Graph inputs come from the samples themselves (not again as outputs: they were counted twice).
+    inputs = set(model.input_names)
+    wanted = [n for n in names if n in set(tensors) and n not in inputs]
     collectors = {t: StatsCollector() for t in tensors}
     # onnxruntime runs the next samples on the other threads while this one updates histograms.
     for i, (sample, outs) in enumerate(run_samples(session, wanted, data, threads, with_inputs=True)):

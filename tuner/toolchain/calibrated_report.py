@@ -7,7 +7,7 @@ For one YAML and the ``*_calibrated_model.onnx`` hb_mapper made from it:
 * where hb_mapper's quantization plan differs from tuner's for the same YAML (a tensor one side
   quantizes and the other does not, or another dtype): each is a rule tuner has wrong;
 * for a ``max_percentile`` calibration, which reading of hb_quantizer_facts 1.3 the thresholds
-  support (pooled p-quantile of |x|, tuner's; or the p'-quantile of the element-wise running max);
+  support (pooled p-quantile of |x|; or the p'-quantile of the element-wise running max, tuner's);
 * the calibrated model itself run in onnxruntime against the float model (tuner.toolchain.calibrated_run).
 
 The report is a typed value with a JSON codec (``as_dict`` / ``from_dict``) and a text form.
@@ -19,6 +19,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from tuner.calib.methods import hb_kernel_percentile
 
 from tuner.toolchain.calibrated import QMAX, CalibratedModel, HzNode, MappedThresholds, map_to_graph
 from tuner.toolchain.calibrated_run import PcCheck, check_on_pc
@@ -159,8 +161,8 @@ class CalibratedReport:
                       f"pooled reading closer on {p.pooled_wins} tensor(s) (median |log ratio| "
                       f"{p.pooled_median_error:.4g}); running-max reading on {p.running_max_wins} "
                       f"({p.running_max_median_error:.4g}): the thresholds support "
-                      + {"pooled": "the pooled p-quantile (tuner's reading)",
-                         "running_max": "the running-max p'-quantile (tuner's simulation reads it the other way)",
+                      + {"pooled": "the pooled p-quantile (tuner's simulation reads it the other way)",
+                         "running_max": "the running-max p'-quantile (tuner's reading)",
                          "undecided": "neither reading clearly"}[p.verdict]]
         if self.pc_check is not None:
             c = self.pc_check
@@ -302,11 +304,12 @@ def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = 
 
 def percentile_reading(ws, mapped: MappedThresholds, p: float) -> PercentileReading:
     """Which reading of max_percentile the real thresholds support, per tensor and overall."""
-    from tuner.calib.readings import running_max_thresholds
-
     tensors = [t for t, nodes in mapped.activations.items() if t in ws.stats
                and any(n.quantizes and not n.per_channel and n.qtype in ("int8", "uint8") for n in nodes)]
-    running, q, n_samples = running_max_thresholds(ws.model, ws.calibration_data, tensors, p, ws.threads)
+    # Both readings come from the one statistics pass (tuner.calib.stats keeps the running max too).
+    n_samples = max((ws.stats[t].samples for t in tensors), default=0)
+    q = hb_kernel_percentile(p, n_samples)
+    running = {t: ws.thresholds.get(t, "max-percentile", p, 127) for t in tensors}
     rows = []
     for t in tensors:
         node = next(n for n in mapped.activations[t] if n.quantizes and not n.per_channel)
