@@ -214,3 +214,52 @@ def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
     p16 = make_plan(graph, target, Candidate.make(nodes={"/scale/Mul": {"InputType1": "int16"}}))
     assert p16.in_dtype["/scale/Mul"] == "int16"
     _same_function(before, model)
+
+
+def test_a_bpu_softmax_runs_as_hb_mappers_six_quantized_parts(tmp_path):
+    """Real 1.24.3 log (x5_op_facts S5): a Softmax forced onto the BPU shows as
+    <name>_{reducemax,sub,exp,reducesum,reciprocal,mul}_FROM_QUANTIZED_SOFTMAX rows, each quantized."""
+    from helpers import hb_yaml
+    from tuner.candidate import Calibration
+    from tuner.graph.optimize import SOFTMAX_PARTS, softmax_part, softmax_tensors
+    from tuner.workspace import Workspace
+
+    rng = np.random.default_rng(8)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    before = _model([c1, helper.make_node("Softmax", ["a"], ["y"], name="/attn/Softmax", axis=3)], [w1])
+    onnx.save(before, str(tmp_path / "sm.onnx"))
+    (tmp_path / "cal").mkdir()
+    for i in range(4):
+        (rng.standard_normal(SHAPE) * 2).astype(np.float32).tofile(tmp_path / "cal" / f"{i:04d}.bin")
+    cfg = tmp_path / "hb.yaml"
+    cfg.write_text(hb_yaml("sm.onnx", "x", "1x4x8x8", prefix="sm"))
+    ws = Workspace.open(cfg)
+    assert set(softmax_tensors("/attn/Softmax")) <= set(ws.stats)      # the parts have statistics
+    sim = ws.simulator
+    cpu = Candidate.make(Calibration("max"))
+    assert sim.plan(cpu).softmax == {}                                  # default CPU: one float op
+    for dtype, setting in (("int8", {"ON": "BPU"}), ("int16", {"ON": "BPU", "InputType": "int16"})):
+        cand = Candidate.make(Calibration("max"), {"/attn/Softmax": setting})
+        plan = sim.plan(cand)
+        assert plan.softmax == {"/attn/Softmax": dtype}
+        assert {t for t, d in plan.internal.values() if d == dtype} == set(softmax_tensors("/attn/Softmax"))
+        from tuner.simulate.qdq import build_sim_model
+        model = build_sim_model(ws.model.proto, sim.graph, sim.target, plan, sim.scales(cand.calibration), sim.weights)
+        names = [n.name for n in model.graph.node if n.domain in ("", "ai.onnx")]
+        assert [softmax_part("/attn/Softmax", p) for p in SOFTMAX_PARTS] == [n for n in names if "FROM_QUANTIZED" in n]
+        # one quantization point on each tensor between the parts
+        points = {n.input[0] for n in model.graph.node if n.op_type in ("FakeQuant", "QuantizeLinear")}
+        assert set(softmax_tensors("/attn/Softmax")) <= points
+    ev8 = sim.evaluate(Candidate.make(Calibration("max"), {"/attn/Softmax": {"ON": "BPU"}}))
+    ev16 = sim.evaluate(Candidate.make(Calibration("max"), {"/attn/Softmax": {"ON": "BPU", "InputType": "int16"}}))
+    evcpu = sim.evaluate(cpu)
+    assert ev8.outputs["y"]["sqnr_db"] < ev16.outputs["y"]["sqnr_db"]
+    assert ev8.outputs["y"]["sqnr_db"] < evcpu.outputs["y"]["sqnr_db"]
+    rows = sim.evaluate(Candidate.make(Calibration("max"), {"/attn/Softmax": {"ON": "BPU", "InputType": "int16"}}),
+                        per_node=True).nodes
+    parts = [r for r in rows if "FROM_QUANTIZED_SOFTMAX" in r.name]
+    assert [r.name for r in parts] == [softmax_part("/attn/Softmax", p) for p in SOFTMAX_PARTS]
+    assert all(r.in_dtype == "int16" and r.cosine is not None and r.threshold is not None for r in parts)
+    assert "/attn/Softmax" not in {r.name for r in rows}
+    # the ReduceSum and Mul read exp(x - max) <= 1: threshold 1.0, as the real int16 log shows
+    assert parts[3].threshold == pytest.approx(1.0) and parts[5].threshold == pytest.approx(1.0)

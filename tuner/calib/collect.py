@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tuner.calib.stats import StatsCollector, TensorStats, load_stats, save_stats
 from tuner.errors import TunerError
+from tuner.graph.optimize import expand_softmax
 from tuner.inputs.data import DataSet
 from tuner.simulate.session import make_session, run_samples, with_outputs
 
@@ -37,7 +38,8 @@ def stats_key(model_fp: str, data_fp: str, tensors: list[str]) -> str:
 def collect_statistics(model, data: DataSet, tensors: list[str], threads: int | None = None,
                        progress: Callable[[int, int], None] | None = None) -> dict[str, TensorStats]:
     """Run the float model over ``data`` once and return the statistics of ``tensors``."""
-    session = make_session(with_outputs(model.proto, tensors))
+    # A Softmax as its parts, so that their tensors have statistics should it run on the BPU.
+    session = make_session(with_outputs(expand_softmax(model.proto), tensors))
     names = [o.name for o in session.get_outputs()]
     # Graph inputs come from the samples themselves (not again as outputs: they were counted twice).
     inputs = set(model.input_names)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from tuner.errors import TunerError
-from tuner.graph.optimize import NameMap, hz_kind
+from tuner.graph.optimize import NameMap, hz_kind, softmax_tensors
 
 # Inputs that carry data (and so get quantized on the BPU); other inputs are shapes, indices,
 # scales or conditions. Ops not listed: every input is a data input.
@@ -127,10 +127,17 @@ class Graph:
             if self.is_float(name):
                 seen[name] = None
         for node in self.nodes:
+            if node.op_type == "Softmax" and self.shapes.get(node.inputs[0]) is not None:
+                for t in softmax_tensors(node.name):   # its parts', should it run on the BPU
+                    seen[t] = None
             for out in node.outputs:
                 if self.is_activation(out):
                     seen[out] = None
         return list(seen)
+
+    def rank(self, tensor: str) -> int | None:
+        shape = self.shapes.get(tensor)
+        return None if shape is None else len(shape)
 
     def channels(self, tensor: str) -> int | None:
         shape = self.shapes.get(tensor)

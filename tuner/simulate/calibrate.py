@@ -236,7 +236,8 @@ def calibration_nodes(plan: Plan) -> list[str]:
     """The calibration nodes of a plan, as tensors: every quantization point's scale source
     (edges, outputs, BPU->CPU reads; a same-scale op's output shares its input's node), in a
     stable order."""
-    tensors = [t for t, _ in plan.edges.values()] + list(plan.outputs) + [t for t, _ in plan.cpu_reads.values()]
+    tensors = ([t for t, _ in plan.edges.values()] + list(plan.outputs) + [t for t, _ in plan.cpu_reads.values()]
+               + [t for t, _ in plan.internal.values()])
     return list(dict.fromkeys(plan.scale_of.get(t, t) for t in tensors))
 
 
@@ -251,6 +252,7 @@ def single_node_plan(plan: Plan, tensor: str) -> Plan:
     return replace(plan, edges={k: v for k, v in plan.edges.items() if mine(v[0])},
                    outputs={t: d for t, d in plan.outputs.items() if mine(t)},
                    cpu_reads={k: v for k, v in plan.cpu_reads.items() if mine(v[0])},
+                   internal={k: v for k, v in plan.internal.items() if mine(v[0])},
                    weights=[], passthrough={}, notes=[])
 
 

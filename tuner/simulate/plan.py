@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tuner.candidate import Candidate
 from tuner.graph import Graph, Target, fused_edges, fusion_groups
+from tuner.graph.optimize import SOFTMAX_PARTS, softmax_part, softmax_tensors
 
 INT8, INT16 = "int8", "int16"
 ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "PRelu"}
@@ -52,6 +53,10 @@ class Plan:
     # AdjustConvQuantParams: Conv output tensor -> (its int16 input tensor, its weight initializer);
     # the output threshold is floored at max|w| x the input's threshold (see _adjust_int16_conv)
     conv_floors: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # BPU Softmaxes, run as hb_mapper's six parts (tuner.graph.optimize.softmax_parts): node -> dtype
+    # of the parts, and the quantization points between the parts: (part, k) -> (tensor, dtype)
+    softmax: dict[str, str] = field(default_factory=dict)
+    internal: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
 
     @property
     def n_subgraphs(self) -> int:
@@ -62,7 +67,8 @@ class Plan:
         return [n for n, p in self.placement.items() if p == "CPU"]
 
     def quantized_tensors(self) -> set[str]:
-        return ({t for t, _ in self.edges.values()} | set(self.outputs) | {t for t, _ in self.cpu_reads.values()})
+        return ({t for t, _ in self.edges.values()} | set(self.outputs) | {t for t, _ in self.cpu_reads.values()}
+                | {t for t, _ in self.internal.values()})
 
 
 def _check_names(graph: Graph, candidate: Candidate) -> None:
@@ -208,6 +214,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
             continue
         outputs[out] = INT16 if (out16[producer.name] or model_out16) else INT8
 
+    softmax, internal = _softmax_parts(graph, placement, in_dtype)
+
     out_dtype = {}
     for node in graph:
         if placement[node.name] != "BPU":
@@ -225,7 +233,27 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     subgraph = _subgraphs(graph, placement)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
-                scale_of=scale_of, notes=notes, conv_floors=conv_floors)
+                scale_of=scale_of, notes=notes, conv_floors=conv_floors, softmax=softmax, internal=internal)
+
+
+def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, str]
+                   ) -> tuple[dict[str, str], dict[tuple[str, int], tuple[str, str]]]:
+    """A Softmax on the BPU runs as hb_mapper's six parts, each quantizing its inputs in the
+    Softmax's input dtype (real log 22843858307: all six int16 under an int16 Softmax; the Mul's
+    output, the Softmax's, follows its consumers as usual)."""
+    softmax: dict[str, str] = {}
+    internal: dict[tuple[str, int], tuple[str, str]] = {}
+    for node in graph:
+        if node.op_type != "Softmax" or placement[node.name] != "BPU" or graph.rank(node.inputs[0]) is None:
+            continue
+        dtype = in_dtype[node.name] if in_dtype[node.name] in (INT8, INT16) else INT8
+        softmax[node.name] = dtype
+        m, d, e, s, r = softmax_tensors(node.name)
+        part = {p: softmax_part(node.name, p) for p in SOFTMAX_PARTS}
+        for key, tensor in (((part["sub"], 1), m), ((part["exp"], 0), d), ((part["reducesum"], 0), e),
+                            ((part["mul"], 0), e), ((part["reciprocal"], 0), s), ((part["mul"], 1), r)):
+            internal[key] = (tensor, dtype)
+    return softmax, internal
 
 
 def _adjust_int16_conv(graph: Graph, node, groups, edges, passthrough, out16, emits16, floors) -> None:

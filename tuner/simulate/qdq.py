@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Target
+from tuner.graph.optimize import softmax_parts
 from tuner.simulate import fakequant
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import ScaleTable, floor_threshold
@@ -253,7 +254,29 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     # Emitted in topological order: graph inputs' Q/DQ first, each node followed by the Q/DQ
     # pairs that read its outputs.
     nodes: list[onnx.NodeProto] = [q for name in graph.input_names for q in qdq_after.get(name, [])]
+    opset = next((o.version for o in base.opset_import if o.domain in ("", "ai.onnx")), 11)
     for n in graph:
+        if n.name in plan.softmax:   # hb_mapper's six quantized parts (tuner.graph.optimize.softmax_parts)
+            parts, part_inits = softmax_parts(n.proto, graph.rank(n.inputs[0]) or 4, opset)
+            for t in part_inits:
+                new_inits[t.name] = t
+            x_in = inputs_of.get((n.name, 0), raw.get(n.inputs[0], n.inputs[0]))
+            # every point first: each is emitted right behind the part that writes its tensor
+            q_in = {(p.name, k): quantized(*plan.internal[(p.name, k)]) for p in parts for k in range(len(p.input))
+                    if (p.name, k) in plan.internal}
+            for part in parts:
+                for k, name in enumerate(part.input):
+                    if (part.name, k) in q_in:
+                        part.input[k] = q_in[(part.name, k)]
+                    elif name == n.inputs[0]:
+                        part.input[k] = x_in
+                for k, name in enumerate(part.output):
+                    if name in raw:
+                        part.output[k] = raw[name]
+                nodes.append(part)
+                for out in part.output:
+                    nodes.extend(qdq_after.get(out, []))
+            continue
         proto = onnx.NodeProto()
         proto.CopyFrom(n.proto)
         for k, name in enumerate(proto.input):

@@ -22,6 +22,7 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
+from tuner.graph.optimize import SOFTMAX_PARTS, expand_softmax, softmax_part, softmax_tensors
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
@@ -286,6 +287,8 @@ class Simulator:
         plan = self.plan(candidate)
         extra = [n.outputs[0] for n in self.graph
                  if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
+        if per_node:   # a BPU Softmax's parts are rows of their own, as in hb_mapper's table
+            extra += [t for name in plan.softmax for t in softmax_tensors(name)]
         session = self._session(candidate, calibration, plan, extra)
         outputs = self.model.output_names
         raw = {t: f"{t}__raw" for t in plan.outputs}
@@ -294,7 +297,8 @@ class Simulator:
         node_sims = {t: Similarity() for t in extra}
         task = TaskScore(self.task_metrics, self.user_fns) if self.task_metrics else None
         if per_node:
-            float_nodes = make_session(with_outputs(self.model.proto, extra))
+            float_nodes = make_session(with_outputs(expand_softmax(self.model.proto) if plan.softmax
+                                                    else self.model.proto, extra))
             refs = run_samples(float_nodes, extra, self.data, self.threads)
         for i, outs in enumerate(run_samples(session, sim_names, self.data, self.threads)):
             values = dict(zip(sim_names, outs))
@@ -322,6 +326,24 @@ class Simulator:
             return {k: v.copy() for k, v in self._labels[i].items()}
         return self.labels.sample(i) if self.labels is not None else None
 
+    def _softmax_rows(self, node, plan: Plan, scales, sims: dict[str, Similarity], x_threshold: float | None
+                      ) -> list[NodeRow]:
+        """A BPU Softmax's six rows, under the names and op types of hb_mapper's table."""
+        dtype = plan.softmax[node.name]
+        m, d, e, s, r = softmax_tensors(node.name)
+        y = node.outputs[0]
+        ops = ("ReduceMax", "Sub", "Exp", "ReduceSum", "Reciprocal", "Mul")
+        outs = (m, d, e, s, r, y)
+        ins = (None, None, d, e, s, e)   # the input whose threshold the row shows (None: the Softmax's own)
+        rows = []
+        for part, op, out, src in zip(SOFTMAX_PARTS, ops, outs, ins):
+            thr = x_threshold if src is None else scales.threshold(src, dtype)
+            rows.append(NodeRow(name=softmax_part(node.name, part), op_type=op, on="BPU",
+                                subgraph=plan.subgraph.get(node.name),
+                                cosine=sims[out].cosine if out in sims else None, threshold=thr, in_dtype=dtype,
+                                out_dtype=plan.out_dtype[node.name] if part == "mul" else dtype))
+        return rows
+
     def _rows(self, plan: Plan, calibration: Calibration | MixedCalibration,
               sims: dict[str, Similarity]) -> list[NodeRow]:
         scales = self.scales(calibration)
@@ -331,6 +353,9 @@ class Simulator:
                          if (node.name, k) in plan.edges]
             thr = scales.threshold(*quantized[0]) if quantized else None
             out = node.outputs[0] if node.outputs else None
+            if node.name in plan.softmax:
+                rows.extend(self._softmax_rows(node, plan, scales, sims, thr))
+                continue
             rows.append(NodeRow(name=node.name, op_type=node.op_type, on=plan.placement[node.name],
                                 subgraph=plan.subgraph.get(node.name),
                                 cosine=sims[out].cosine if out in sims else None, threshold=thr,
