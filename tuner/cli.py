@@ -42,6 +42,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "march": ws.target.march,
         "statistics": {"from_cache": ws.stats_from_cache, "seconds": t_stats},
         "warnings": ws.warnings,
+        "graph": ws.model.names.summary(),   # what hb_mapper's optimizer changed (tuner.graph.optimize)
     }
     if args.json:
         if args.trace:
@@ -54,6 +55,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"data       {'; '.join(info['eval_data']['folders'])}  ({len(ws.eval_data)} samples)")
     src = "from cache" if ws.stats_from_cache else f"one pass over {len(ws.calibration_data)} samples"
     print(f"target     {ws.target.march}; calibration statistics {src} ({t_stats:.1f} s)")
+    for line in info["graph"]:
+        print(f"graph      {line}")
     print(f"calibration {ev.calibration.describe()}"
           + ("" if ev.calibration == ev.candidate.calibration else f"  (YAML: {ev.candidate.calibration.type})"))
     if ev.nodes:

@@ -16,8 +16,9 @@ def example(tmp_path_factory):
 
 
 def test_oracle_all_bpu_int8_max_matches_quantize_static(example):
-    # The exported graph: hb_mapper's optimizer fuses the example's x * sigmoid(x) into one LUT
-    # (hb_quantizer_facts section 5), which onnxruntime's quantizer does not (differs by design).
+    # The exported graph: hb_mapper's optimizer lowers the example's Muls by constants to
+    # weight-quantized convolutions (x5_op_facts 4.2 #14), which onnxruntime's quantizer keeps as
+    # Muls (differs by design).
     ws = Workspace.open(example, hb_optimize=False)
     ws.target = ort_semantics(ws.target)
     cand = Candidate.make(Calibration("max"))

@@ -150,7 +150,8 @@ class NameMap:
     def summary(self) -> list[str]:
         """One line per kind of rewrite, for ``tuner eval``'s notes."""
         counts = Counter(r.reason.split(":")[0] for r in self.rewrites.values())
-        return [f"hb_mapper's optimizer: {reason} ({n} node{'s' if n != 1 else ''})" for reason, n in sorted(counts.items())]
+        return [f"hb_mapper's optimizer: {reason} ({n} ONNX node{'s' if n != 1 else ''})"
+                for reason, n in sorted(counts.items())]
 
 
 def optimize(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, NameMap]:
@@ -506,9 +507,9 @@ def _lower_channel_scales(model: onnx.ModelProto, names: NameMap, original: set[
             fn = helper.make_function(HZ_DOMAIN, "HzChannelScale__0", ["i0", "i1"], ["y"],
                                       [helper.make_node("Mul", ["i0", "i1"], ["y"])],
                                       [o for o in model.opset_import if o.domain in ("", "ai.onnx")])
-        if const[0] == 0 and n.name in onnx_names:
-            # The feature map moves to input 0: the user's InputType1 now means the fused node's input 0.
-            names.rewrites[n.name] = Rewrite(n.name, "Mul", (n.name,), ((1, n.name, 0),), n.name,
+        if n.name in onnx_names:
+            # The feature map is input 0 of the lowered node (the user's InputType<k> of it follows).
+            names.rewrites[n.name] = Rewrite(n.name, "Mul", (n.name,), ((1 - const[0], n.name, 0),), n.name,
                                              "Mul by a constant lowered to a 1x1 convolution")
         del n.input[:]
         n.input.extend([x, c])
