@@ -263,3 +263,30 @@ def test_a_bpu_softmax_runs_as_hb_mappers_six_quantized_parts(tmp_path):
     assert "/attn/Softmax" not in {r.name for r in rows}
     # the ReduceSum and Mul read exp(x - max) <= 1: threshold 1.0, as the real int16 log shows
     assert parts[3].threshold == pytest.approx(1.0) and parts[5].threshold == pytest.approx(1.0)
+
+
+def test_node_info_naming_a_folded_constant_is_a_note(tmp_path, target):
+    from tuner.inputs.model import load_model
+
+    rng = np.random.default_rng(9)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    k = helper.make_node("Constant", [], ["k"], name="/Constant_7", value=_const("kv", [2.0]))
+    before = _model([c1, k, helper.make_node("Mul", ["a", "k"], ["y"], name="/Mul")], [w1])
+    onnx.save(before, str(tmp_path / "c.onnx"))
+    m = load_model(tmp_path / "c.onnx")
+    plan = make_plan(Graph(m.proto, m.names), target, Candidate.make(nodes={"/Constant_7": {"ON": "CPU"}}))
+    assert any("'/Constant_7' (Constant): constant folded" in n for n in plan.notes)
+
+
+def test_a_grouped_conv_transpose_has_one_weight_scale_per_output_channel():
+    """hb_quantizer_facts 1.7: the weight [Cin, Cout/g, k, k] is reshaped to (g, Cin/g, Cout/g, ...) first."""
+    from tuner.simulate.qdq import grouped_deconv_weight
+
+    rng = np.random.default_rng(10)
+    w = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)   # Cin 4, group 2 -> Cout 6
+    w[2:, 1] *= 100                                             # group 1's second channel is large
+    fq, scales = grouped_deconv_weight(w, 2)
+    assert scales.shape == (6,)
+    assert scales[4] == pytest.approx(np.abs(w[2:, 1]).max() / 127) and scales[1] == pytest.approx(np.abs(w[:2, 1]).max() / 127)
+    # group 0's channel 1 is not crushed by group 1's large one (it would be with one scale per Cout/g column)
+    np.testing.assert_allclose(fq[:2, 1], w[:2, 1], atol=float(scales[1]) / 2 + 1e-7)

@@ -16,7 +16,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from tuner.errors import TunerError
-from tuner.graph.optimize import NameMap, optimize
+from tuner.graph.optimize import NameMap, Rewrite, optimize
 
 FLOAT = onnx.TensorProto.FLOAT
 
@@ -121,7 +121,7 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if overrides:
         raise TunerError(f"{path}: input_parameters.input_name names {sorted(overrides)}, which the model does not "
                          f"have; its inputs are {[v.name for v in real_inputs]}")
-    _fold_constants(proto)
+    folded = _fold_constants(proto)
     _name_nodes(proto, warnings)
     # Shapes of intermediate tensors are stale once input shapes changed; recompute them.
     del graph.value_info[:]
@@ -134,6 +134,8 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     names = NameMap()
     if hb_optimize:
         proto, names = optimize(proto)
+        for name in folded:   # node_info naming one gets a note, not "not in the model"
+            names.rewrites.setdefault(name, Rewrite(name, "Constant", (), (), None, "constant folded"))
         if names:
             del proto.graph.value_info[:]
             proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
@@ -141,10 +143,12 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
                        opset=opset, ir_version=ir_version, warnings=warnings, names=names)
 
 
-def _fold_constants(proto: onnx.ModelProto) -> None:
-    """Turn Constant nodes into initializers: hb_mapper folds them too, and weights become visible."""
+def _fold_constants(proto: onnx.ModelProto) -> list[str]:
+    """Turn Constant nodes into initializers: hb_mapper folds them too, and weights become visible.
+    Returns the names of the (named) Constant nodes folded."""
     graph = proto.graph
     keep = []
+    folded = []
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
             attr = node.attribute[0]
@@ -156,11 +160,14 @@ def _fold_constants(proto: onnx.ModelProto) -> None:
                 tensor = numpy_helper.from_array(np.array(value, dtype=np.float32 if "float" in attr.name else np.int64))
             tensor.name = node.output[0]
             graph.initializer.append(tensor)
+            if node.name:
+                folded.append(node.name)
         else:
             keep.append(node)
     if len(keep) != len(graph.node):
         del graph.node[:]
         graph.node.extend(keep)
+    return folded
 
 
 def _name_nodes(proto: onnx.ModelProto, warnings: list[str]) -> None:

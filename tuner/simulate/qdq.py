@@ -84,6 +84,27 @@ def equalized_weight(w: np.ndarray, ratio: np.ndarray, group: int,
     return (fq / r).astype(w.dtype), scales
 
 
+def grouped_deconv_weight(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """A grouped ConvTranspose weight [Cin, Cout/g, k...], int8 per output channel as hb_mapper
+    calibrates it: reshaped to (g, Cin/g, Cout/g, k...) first, so each of the g * Cout/g output
+    channels has its own threshold (hb_quantizer_facts 1.7, src 25011497354), not one per Cout/g
+    column shared by every group. Returns (fake-quantized weight, scales in output-channel order)."""
+    cin, cout_g = w.shape[:2]
+    v = w.reshape((group, cin // group, cout_g) + w.shape[2:])
+    reduce_axes = (1,) + tuple(range(3, v.ndim))
+    amax = np.abs(v).max(axis=reduce_axes, keepdims=True)
+    scale = np.where(amax > 0, amax / 127.0, 1.0)
+    fq = (np.clip(np.round(v / scale), -127, 127) * scale).astype(w.dtype).reshape(w.shape)
+    return fq, scale.reshape(-1)
+
+
+def deconv_group(node: onnx.NodeProto, op_type: str) -> int:
+    """The group of a ConvTranspose (1 for every other op)."""
+    if op_type != "ConvTranspose":
+        return 1
+    return next((a.i for a in node.attribute if a.name == "group"), 1)
+
+
 class WeightCache:
     """Fake-quantized weights and their scales, computed once per model (they do not depend on
     calibration)."""
@@ -91,18 +112,23 @@ class WeightCache:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, int], tuple[onnx.TensorProto, np.ndarray]] = {}
 
-    def get(self, init: onnx.TensorProto, axis: int) -> onnx.TensorProto:
-        return self._entry(init, axis)[0]
+    def get(self, init: onnx.TensorProto, axis: int, deconv_group: int = 1) -> onnx.TensorProto:
+        return self._entry(init, axis, deconv_group)[0]
 
-    def scales(self, init: onnx.TensorProto, axis: int) -> np.ndarray:
-        return self._entry(init, axis)[1]
+    def scales(self, init: onnx.TensorProto, axis: int, deconv_group: int = 1) -> np.ndarray:
+        return self._entry(init, axis, deconv_group)[1]
 
-    def _entry(self, init: onnx.TensorProto, axis: int) -> tuple[onnx.TensorProto, np.ndarray]:
-        key = (init.name, axis)
+    def _entry(self, init: onnx.TensorProto, axis: int, deconv_group: int) -> tuple[onnx.TensorProto, np.ndarray]:
+        key = (init.name, axis, deconv_group)
         if key not in self._cache:
             w = numpy_helper.to_array(init)
-            t = numpy_helper.from_array(fake_quant_weight(w, axis), name=f"{init.name}__w8pc{axis}")
-            self._cache[key] = (t, weight_scales(w, axis))
+            if deconv_group > 1:
+                fq, sc = grouped_deconv_weight(w, deconv_group)
+                t = numpy_helper.from_array(fq, name=f"{init.name}__w8g{deconv_group}")
+            else:
+                t = numpy_helper.from_array(fake_quant_weight(w, axis), name=f"{init.name}__w8pc{axis}")
+                sc = weight_scales(w, axis)
+            self._cache[key] = (t, sc)
         return self._cache[key]
 
 
@@ -322,7 +348,8 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                 wq, w_scales = memo[real_key]
                 in_scale = float(s_in.scale) if s_in is not None else None
             else:
-                wq, w_scales = weights.get(w_init, w_axis), weights.scales(w_init, w_axis)
+                g = deconv_group(n.proto, n.op_type)
+                wq, w_scales = weights.get(w_init, w_axis, g), weights.scales(w_init, w_axis, g)
                 in_scale = float(s_in.scale) if s_in is not None else None
             proto.input[idx] = wq.name
             new_inits[wq.name] = wq

@@ -32,7 +32,7 @@ from tuner.simulate.calibrate import (DEFAULT_SEARCH_SAMPLES, MIX_SENSITIVITY_SA
                                       MixScales, calibration_nodes, choose_default, choose_mix, search_score,
                                       single_node_plan)
 from tuner.simulate.plan import Plan, make_plan
-from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
+from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, weight_axis
 from tuner.simulate.realscales import RealCalibration, RealScales
 from tuner.simulate.scales import ScaleTable
 from tuner.simulate.session import make_session, run_samples, with_outputs
@@ -120,7 +120,8 @@ class Simulator:
             if node.op_type in target.weight_ops:
                 idx, axis = target.weight_ops[node.op_type]
                 if len(node.inputs) > idx and node.inputs[idx] in self.graph.initializers:
-                    self.weights.get(self.graph.initializers[node.inputs[idx]], weight_axis(node.proto, node.op_type, axis))
+                    self.weights.get(self.graph.initializers[node.inputs[idx]], weight_axis(node.proto, node.op_type, axis),
+                                     deconv_group(node.proto, node.op_type))
         t0 = time.perf_counter()
         float_session = make_session(model.proto)
         names = model.output_names
