@@ -106,6 +106,7 @@ def test_older_output_table_headed_node():
                                                       ("/model.22/Sigmoid", 0.000024)]
     assert (outs[-1].name, outs[-1].l1, outs[-1].l2, outs[-1].chebyshev) == ("/model.22/Sigmoid_2", 0.000036, 0.00001,
                                                                              0.184444)
+    assert read_log(V1_18).outputs_by == "node" and read_log(V1_24).outputs_by == "output"
     [gemm] = read_log(REPVGG).outputs
     assert (gemm.name, gemm.cosine, gemm.chebyshev) == ("/linear/Gemm", 0.768926, 8.068202)
     # the node table before it is still the node table

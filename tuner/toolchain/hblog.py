@@ -136,6 +136,7 @@ class HbLog:
     nodes: list[NodeRecord] = field(default_factory=list)
     outputs: list[OutputRecord] = field(default_factory=list)
     columns: list[str] = field(default_factory=list)         # the node table's header cells, as printed
+    outputs_by: str = "output"     # what the output table's names are: model outputs, or (before 1.24) their nodes
     method: str | None = None                                 # 'max-percentile:percentile=0.99995' ('default' chose it)
     int16: list[Int16Event] = field(default_factory=list)
     int16_all: dict[str, str] = field(default_factory=dict)  # 'input of Softmax' -> int16 (set_{Op}_*)
@@ -402,9 +403,10 @@ def parse_log(text: str, path: str | None = None) -> HbLog:
             log.nodes = rows   # the last table wins (checker-style tables may come first)
             continue
         if _OUTPUT_HEADER.match(msg):
-            rows, i = _table(lines, i + 1, _header(msg, _OUTPUT_COLUMNS), _output_row, _is_output_line,
-                             "output table", log.warnings, offset)
+            header = _header(msg, _OUTPUT_COLUMNS)
+            rows, i = _table(lines, i + 1, header, _output_row, _is_output_line, "output table", log.warnings, offset)
             log.outputs = rows
+            log.outputs_by = "node" if header.cells[0].lower() == "node" else "output"
             continue
         m = _SELECT.search(msg)
         if m:
