@@ -73,10 +73,16 @@ def test_string_form_node_info(tiny_project):
 
 
 def test_folder_suffix_rule_for_missing_cal_data_type(tiny_project):
-    tiny_project.write_text(tiny_project.read_text().replace("  cal_data_type: 'float32'\n", ""))
+    """The '_f32' folder-name rule is for image inputs (Horizon's PTQ docs); featuremap samples are float32."""
+    text = tiny_project.read_text().replace("  cal_data_type: 'float32'\n", "")
+    tiny_project.write_text(text.replace("input_type_train: 'featuremap'", "input_type_train: 'rgb'")
+                            .replace("input_type_rt: 'featuremap'", "input_type_rt: 'rgb'"))
     cfg = load_config(tiny_project)
     assert cfg.inputs[0].cal_type == "uint8"
     assert any("folder-name rule" in w for w in cfg.warnings)
+    tiny_project.write_text(text)
+    cfg = load_config(tiny_project)
+    assert cfg.inputs[0].cal_type == "float32" and not any("cal_data_type" in w for w in cfg.warnings)
 
 
 def test_multi_input_lists_are_checked_per_input(tiny_project):

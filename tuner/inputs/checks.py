@@ -31,7 +31,8 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.config import HbConfig, InputSpec, load_config
-from tuner.inputs.data import DTYPES, DataSet, InputData, _image_kind, input_data, list_samples
+from tuner.inputs.data import (DTYPES, DataSet, InputData, _image_kind, check_image_file, image_reader, input_data,
+                               list_samples)
 from tuner.inputs.model import load_model
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -217,6 +218,13 @@ def _read_raw(data: InputData, path: Path) -> tuple[np.ndarray | None, Finding |
     except OSError as exc:
         return None, Finding(ERROR, "unreadable", data.name, None, f"{path}: cannot be read ({exc.strerror}); "
                              "fix its permissions or remove it")
+    if data.images is not None:      # preprocess_on: hb_mapper reads the folder's images itself
+        read = image_reader(data)    # without Pillow: a TunerError, not a finding per file
+        try:
+            check_image_file(data, path, head)
+            return read(path).astype(np.float64), None
+        except TunerError as exc:
+            return None, Finding(ERROR, "not_an_image", data.name, None, str(exc))
     kind = _image_kind(head)
     if kind:
         return None, Finding(ERROR, "image_file", data.name, None,
@@ -258,6 +266,8 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
     for w in config.warnings:
         if "cal_data_type" in w:
             findings.append(Finding(INFO, "cal_data_type_inferred", None, None, w))
+        elif "preprocess_on" in w:
+            findings.append(Finding(WARNING, "preprocess_on", None, None, w))
 
     # ---- folders --------------------------------------------------------------------------
     files: list[list[Path]] = []

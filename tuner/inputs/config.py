@@ -82,6 +82,7 @@ class InputSpec:
     scale: tuple[float, ...] | None
     cal_dir: Path | None
     cal_type: str | None
+    preprocess_on: bool = False      # hb_mapper reads this input's cal_data_dir as images and resizes them itself
 
 
 @dataclass
@@ -166,9 +167,12 @@ def parse_node_info(where: str, value: Any) -> dict[str, dict[str, str]]:
 
 
 def _split(value: Any) -> list[str]:
+    """A ';'-separated list. A trailing ';' ends the list instead of adding an empty item, as in
+    hb_mapper (``input_name: "states;laptop_features;phone_features;"``, the X5 LeRobot export)."""
     if value is None:
         return []
-    return [s.strip() for s in str(value).split(";")]
+    items = [s.strip() for s in str(value).split(";")]
+    return items[:-1] if len(items) > 1 and items[-1] == "" else items
 
 
 def _numbers(where: str, text: str) -> tuple[float, ...] | None:
@@ -301,6 +305,7 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
     for t in cal_types:
         if t is not None and t not in CAL_DATA_TYPES:
             raise TunerError(f"{path}: calibration_parameters.cal_data_type: {t!r} is not one of {', '.join(CAL_DATA_TYPES)}")
+    preprocess_on = cp.get("preprocess_on") is True
     inputs = []
     for i, (name, ttrain, layout, shape, norm, mean, scale) in enumerate(zip(
             names if names else [""], per_input(ip, "input_type_train", None),
@@ -321,7 +326,17 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
             raise TunerError(f"{path}: input_parameters.norm_type must be 'no_preprocess' for featuremap inputs")
         cal_dir = (base / cal_dirs[i]).resolve() if cal_dirs[i] else None
         cal_type = cal_types[i]
-        if cal_type is None and cal_dir is not None:
+        images = preprocess_on and ttrain != "featuremap"
+        if images:
+            what = f"input {name!r}" if name else "the input"
+            warnings.append(f"calibration_parameters.preprocess_on is True: hb_mapper reads the images in "
+                            f"{cal_dir.name if cal_dir else 'cal_data_dir'} for {what} and resizes them itself, "
+                            "which rarely matches your training preprocessing (crop, letterbox, interpolation, "
+                            "colour order); write the tensors with 'tuner make-cal-data --preprocess' and set "
+                            "preprocess_on False")
+        elif cal_type is None and ttrain == "featuremap":
+            cal_type = "float32"     # Horizon's PTQ docs: featuremap samples are float32; no folder-name rule
+        elif cal_type is None and cal_dir is not None:
             cal_type = "float32" if cal_dir.name.endswith("_f32") else "uint8"
             warnings.append(f"calibration_parameters.cal_data_type is not set: hb_mapper reads {cal_dir.name} "
                             f"as {cal_type} (folder-name rule); set it explicitly")
@@ -330,7 +345,7 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
                                 norm_type=norm or "no_preprocess",
                                 mean=m if norm in ("data_mean", "data_mean_and_scale") else None,
                                 scale=s if norm in ("data_scale", "data_mean_and_scale") else None,
-                                cal_dir=cal_dir, cal_type=cal_type))
+                                cal_dir=cal_dir, cal_type=cal_type, preprocess_on=images))
     pct = cp.get("max_percentile")
     if pct is not None and not 0.0 < float(pct) <= 1.0:
         raise TunerError(f"{path}: calibration_parameters.max_percentile must be in (0, 1], got {pct}")

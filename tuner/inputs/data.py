@@ -34,6 +34,7 @@ class InputData:
     mean: np.ndarray | None = None   # HzPreprocess: (x - mean) * scale, per channel
     scale: np.ndarray | None = None
     channel_axis: int | None = 1     # None: rank < 2, one channel
+    images: InputSpec | None = None  # preprocess_on: the folder holds images, read as hb_mapper reads them
 
     @property
     def channels(self) -> int:
@@ -58,6 +59,33 @@ def _image_kind(head: bytes) -> str | None:
         if head.startswith(magic):
             return kind
     return None
+
+
+#: what hb_mapper reads from cal_data_dir with preprocess_on (reference 6: jpg/png; its image reader also takes bmp)
+PREPROCESS_ON_IMAGES = ("a JPEG image", "a PNG image", "a BMP image")
+
+
+def image_reader(spec: InputData):
+    """``path -> tensor`` for an input whose folder holds images (``preprocess_on: True``): decoded,
+    resized (bilinear) to ``input_shape``, ``input_type_train`` channel order and layout, 0..255,
+    as hb_mapper's own reading and ``tuner make-cal-data`` do. Needs Pillow."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise TunerError(f"calibration_parameters.preprocess_on is True: reading the images in {spec.folder} needs "
+                         "Pillow: pip install 'tuner[images]'") from None
+    from tuner.inputs.preprocess import yaml_preprocess   # preprocess imports this module
+
+    return yaml_preprocess(spec.images, spec.shape)
+
+
+def check_image_file(spec: InputData, path: Path, head: bytes) -> None:
+    """With preprocess_on, every sample file must be an image hb_mapper reads."""
+    kind = _image_kind(head)
+    if kind not in PREPROCESS_ON_IMAGES:
+        raise TunerError(f"{path}: is {kind or 'not an image'}; calibration_parameters.preprocess_on is True, so "
+                         "hb_mapper reads cal_data_dir as JPEG/PNG/BMP images: put images there, or set "
+                         "preprocess_on False for raw tensors")
 
 
 class DataSet:
@@ -85,6 +113,7 @@ class DataSet:
         self.count = counts.pop()
         if limit is not None:
             self.count = min(self.count, limit)
+        self._readers = {spec.name: image_reader(spec) for spec in inputs if spec.images is not None}
         for spec, files in zip(inputs, self.files):
             for path in files[: self.count]:
                 self._check_file(spec, path)
@@ -97,6 +126,9 @@ class DataSet:
         """Cheap checks from size and magic bytes, so bad files fail before any long work."""
         with open(path, "rb") as f:
             head = f.read(8)
+        if spec.images is not None:
+            check_image_file(spec, path, head)
+            return
         kind = _image_kind(head)
         if kind:
             raise TunerError(f"{path}: is {kind}, not a raw tensor; hb_mapper reads numpy.tofile() dumps of "
@@ -113,7 +145,9 @@ class DataSet:
                              f"in {spec.dtype} needs {expected} bytes{hint}")
 
     def _read(self, spec: InputData, path: Path) -> np.ndarray:
-        if path.suffix == ".npy":
+        if spec.images is not None:
+            arr = self._readers[spec.name](path)
+        elif path.suffix == ".npy":
             try:
                 arr = np.load(path, allow_pickle=False)
             except Exception as exc:
@@ -151,6 +185,8 @@ class DataSet:
         h = hashlib.sha256()
         for spec, files in zip(self.inputs, self.files):
             h.update(f"{spec.name}|{spec.dtype}|{spec.shape}|{spec.mean}|{spec.scale}".encode())
+            if spec.images is not None:
+                h.update(f"|images:{spec.images.type_train}|{spec.images.layout_train}".encode())
             for path in files[: self.count]:
                 h.update(path.name.encode())
                 with open(path, "rb") as f:
@@ -206,7 +242,8 @@ def input_data(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
                                 dtype=spec.cal_type or "float32", shape=shape,
                                 mean=_per_channel(spec.mean, shape, spec.layout_train),
                                 scale=_per_channel(spec.scale, shape, spec.layout_train),
-                                channel_axis=channel_axis(shape, spec.layout_train)))
+                                channel_axis=channel_axis(shape, spec.layout_train),
+                                images=spec if spec.preprocess_on else None))
     return inputs
 
 

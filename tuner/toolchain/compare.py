@@ -230,8 +230,9 @@ class Comparison:
         refused_msgs = {e.node for e in log.refused()}
         used: set[int] = set()
         nodes, without_row = [], []
+        model_nodes = [r.name for r in ev.nodes]
         for r in ev.nodes:
-            rows = log.rows_for(r.name)
+            rows = log.rows_for(r.name, model_nodes)
             used.update(id(x) for x in rows)
             own = rows[0] if rows and rows[0].matches(r.name) else None
             want = requested.get(r.name)
