@@ -17,8 +17,9 @@ SHAPE = (1, 3, 8, 8)
 
 
 def write_project(root, samples, *, names=("x",), shape=SHAPE, type_train="featuremap", layout="NCHW",
-                  norm="no_preprocess", mean=None, scale=None, cal_type="float32", per_channel=False):
-    """A one-op model (Relu, or Add of two inputs), its YAML, and ``samples`` written with tofile().
+                  norm="no_preprocess", mean=None, scale=None, cal_type="float32", per_channel=False, conv=False):
+    """A one-op model (Relu, a 1x1 Conv with ``conv``, or Add of two inputs), its YAML, and ``samples``
+    written with tofile().
 
     ``samples``: per sample an array (one input) or a tuple of arrays (one per input). The YAML
     describes the first input only (see ``two_inputs``).
@@ -27,8 +28,13 @@ def write_project(root, samples, *, names=("x",), shape=SHAPE, type_train="featu
     vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape)) for n in names]
     op = helper.make_node("Add", list(names), ["y"], name="/add") if len(names) == 2 else \
         helper.make_node("Relu", [names[0]], ["y"], name="/relu")
+    inits = []
+    if conv:
+        w = np.eye(shape[1], dtype=np.float32).reshape(shape[1], shape[1], 1, 1)
+        inits = [onnx.numpy_helper.from_array(w, "w")]
+        op = helper.make_node("Conv", [names[0], "w"], ["y"], name="/conv")
     model = helper.make_model(helper.make_graph([op], "g", vis, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
-                                                                                            list(shape))]),
+                                                                                            list(shape))], inits),
                               opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7
     onnx.save(model, str(root / "m.onnx"))
@@ -107,7 +113,9 @@ def test_example_radar_range_channel_is_named(tmp_path):
     assert [(f.input, f.channel, f.severity) for f in ratio] == [("input", 3, WARNING)]
     msg = ratio[0].message
     assert "channel 3 spans |x| <= 79" in msg and "channels 0, 1, 2, 4" in msg
-    assert "per_channel: True" in msg and "int16" in msg and "InputType" in msg and "rescale channel 3" in msg
+    assert "int16" in msg and "InputType" in msg and "rescale channel 3" in msg
+    # the example's input feeds Slices: hb_mapper's per-channel scales reach Conv inputs only
+    assert "set per_channel: True" not in msg and "per_channel does not help" in msg and "Slice" in msg
     assert report.exit_code() == 1
 
 
@@ -118,10 +126,13 @@ def test_range_ratio_below_threshold_is_silent_and_per_channel_downgrades(tmp_pa
     assert not by_code(check_data(write_project(tmp_path / "a", samples)), "range_ratio")
     for s in samples:
         s[:, 2] *= 5.0                        # now 100x
-    (f,) = by_code(check_data(write_project(tmp_path / "b", samples)), "range_ratio")
-    assert f.channel == 2 and f.severity == WARNING
-    (f,) = by_code(check_data(write_project(tmp_path / "c", samples, per_channel=True)), "range_ratio")
+    (f,) = by_code(check_data(write_project(tmp_path / "b", samples, conv=True)), "range_ratio")
+    assert f.channel == 2 and f.severity == WARNING and "set per_channel: True" in f.message
+    (f,) = by_code(check_data(write_project(tmp_path / "c", samples, per_channel=True, conv=True)), "range_ratio")
     assert f.severity == INFO and "per_channel is already True" in f.message
+    # an input no Conv reads: per_channel would not help it (hb_quantizer_facts 1.5), so it is not suggested
+    (f,) = by_code(check_data(write_project(tmp_path / "d", samples, per_channel=True)), "range_ratio")
+    assert f.severity == WARNING and "per_channel does not help" in f.message and "Relu" in f.message
 
 
 def test_constant_channel_and_constant_mask(tmp_path):

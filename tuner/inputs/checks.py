@@ -428,9 +428,19 @@ def _range_findings(name: str, acc: _Acc, config: HbConfig, proto) -> list[Findi
     nodes = _first_nodes(proto, name)
     node_hint = (f"node_info {{{', '.join(repr(n) + ': {InputType: int16}' for n in nodes)}}}" if nodes
                  else "node_info InputType: int16 on the first nodes")
-    severity = INFO if config.per_channel else WARNING
-    extra = (" (per_channel is already True; check the input still gets per-channel scales)"
-             if config.per_channel else "")
+    # hb_mapper applies per-channel activation scales only on Conv inputs (by equalization,
+    # hb_quantizer_facts 1.5; tuner.simulate.scales): per_channel helps an input only Convs read.
+    readers = sorted({n.op_type for n in proto.graph.node if name in n.input})
+    conv_only = readers == ["Conv"]
+    severity = INFO if config.per_channel and conv_only else WARNING
+    if conv_only:
+        fix = "set per_channel: True, make the input int16"
+        extra = (" (per_channel is already True; check the input still gets per-channel scales)"
+                 if config.per_channel else "")
+    else:
+        fix = "make the input int16"
+        extra = (f" (per_channel does not help: hb_mapper applies per-channel scales only on Conv inputs, and "
+                 f"this input feeds {', '.join(readers)})")
     out = []
     for c in large:
         step = float(absmax[c]) / 127.0
@@ -439,7 +449,7 @@ def _range_findings(name: str, acc: _Acc, config: HbConfig, proto) -> list[Findi
                            f"input {name!r} channel {c} spans |x| <= {absmax[c]:.4g} while channel"
                            f"{'s' if len(small) > 1 else ''} {', '.join(map(str, small))} span <= {small_max:.3g} "
                            f"({absmax[c] / small_max:.0f}x): one per-tensor int8 scale (step {step:.3g}) leaves the "
-                           f"small channels ~{levels:.1f} of 127 levels; set per_channel: True, make the input int16 "
+                           f"small channels ~{levels:.1f} of 127 levels; {fix} "
                            f"({node_hint}), or rescale channel {c} in the data and the model{extra}"))
     return out
 
