@@ -21,6 +21,7 @@ import optuna
 
 from tuner import __version__
 from tuner.study import results
+from tuner.study.record import TrialRecord
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}
@@ -103,7 +104,7 @@ def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy:
     def hover(r: results.Row) -> str:
         c = r.counts
         return (f"trial {r.number}<br>accuracy {r.accuracy:.6f}<br>latency {r.latency_ms:.3f} ms<br>"
-                f"{c['subgraphs']} subgraph(s), {c['cpu_nodes']} CPU, {c['int16_nodes']} int16<br>"
+                f"{c.subgraphs} subgraph(s), {c.cpu_nodes} CPU, {c.int16_nodes} int16<br>"
                 f"{html.escape(r.calibration)}" + (f"<br>{html.escape(r.plan)}" if r.plan else ""))
 
     def scatter(sel: list[results.Row], **kw):
@@ -238,9 +239,9 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozen
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def node_info_rows(record: dict[str, Any]) -> list[list[str]]:
+def node_info_rows(record: TrialRecord) -> list[list[str]]:
     """The chosen node_info as rows: node, ON, InputType (incl. per-input), OutputType."""
-    node_info = (record.get("candidate", {}).get("model_parameters") or {}).get("node_info") or {}
+    node_info = record.node_info
     rows = []
     for name, d in sorted(node_info.items()):
         inputs = [f"{k}: {v}" for k, v in sorted(d.items()) if k.startswith("InputType")]
@@ -314,8 +315,8 @@ def render(inp: ReportInputs) -> str:
     if best is not None:
         c = best.counts
         cards += [("exported trial", str(best.number)), ("accuracy", f"{best.accuracy:.6f}"),
-                  ("modeled latency", f"{best.latency_ms:.3f} ms"), ("BPU subgraphs", str(c["subgraphs"])),
-                  ("CPU nodes", str(c["cpu_nodes"])), ("int16 nodes", str(c["int16_nodes"]))]
+                  ("modeled latency", f"{best.latency_ms:.3f} ms"), ("BPU subgraphs", str(c.subgraphs)),
+                  ("CPU nodes", str(c.cpu_nodes)), ("int16 nodes", str(c.int16_nodes))]
     base = [r for r in rs if _is_baseline(r)]
     if base:
         top = max(base, key=lambda r: r.accuracy)
@@ -332,8 +333,8 @@ def render(inp: ReportInputs) -> str:
         for i, r in enumerate(front):
             if best is not None and r.number == best.number:
                 hi = i
-            table_rows.append([str(r.number), f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}", str(r.counts["subgraphs"]),
-                               str(r.counts["cpu_nodes"]), str(r.counts["int16_nodes"]), r.calibration,
+            table_rows.append([str(r.number), f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}", str(r.counts.subgraphs),
+                               str(r.counts.cpu_nodes), str(r.counts.int16_nodes), r.calibration,
                                r.plan or ""])
         sections[-1] = sections[-1][:-len("</section>")] + _table(
             ["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"], table_rows,
@@ -353,12 +354,12 @@ def render(inp: ReportInputs) -> str:
                 "error enters; dotted lines mark CPU/BPU switches of the first curve.")
 
     if best is not None:
-        rows = node_info_rows(best.record)
+        rows = node_info_rows(best.trial_record)
         body = (_table(["node", "ON", "InputType", "OutputType"], rows) if rows
                 else "<p>no node_info: every node keeps hb_mapper's default placement and int8</p>")
         body += (f"<p>calibration: <b>{html.escape(best.calibration)}</b>"
-                 f" (requested {html.escape(best.record['calibration']['requested'])})</p>")
-        task = best.record.get("task") or {}
+                 f" (requested {html.escape(best.trial_record.calibration.requested)})</p>")
+        task = best.trial_record.task
         if task:
             body += _table(["task metric", "value"], [[k, f"{v:.6f}"] for k, v in task.items()], {1})
         section(f"Chosen configuration (trial {best.number})", body)

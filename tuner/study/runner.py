@@ -35,6 +35,7 @@ from tuner.inputs.model import file_fingerprint
 from tuner.metrics.accuracy import accuracy
 from tuner.sensitivity import cached_sensitivity, leave_one_float
 from tuner.study import results
+from tuner.study.record import RECORD, CalibrationUsed, Counts, Latency, Objectives, TrialRecord
 from tuner.study.space import ResolvedSpace, SearchSpace, load_space, parse_duration, resolve
 from tuner.workspace import Workspace
 
@@ -153,7 +154,7 @@ class Search:
     heartbeat: float | None = None  # database storages: seconds between heartbeats (None: HEARTBEAT_S)
     max_retry: int = 1              # times a trial orphaned by a dead worker is re-queued
     budget: int | None = None       # completed trials the study should end with (set by optimize_until)
-    _done: dict[str, tuple[int, list[float], dict]] = field(default_factory=dict)
+    _done: dict[str, tuple[int, list[float], TrialRecord]] = field(default_factory=dict)
     _seen: set[int] = field(default_factory=set)
     _last_written: tuple | None = None
     _last_front: list[tuple[float, float]] = field(default_factory=list)
@@ -164,10 +165,10 @@ class Search:
     _evaluated: dict[str, Any] = field(default_factory=dict)  # baselines evaluated before their trials ran
 
     def _may_change(self, trial: optuna.trial.FrozenTrial) -> bool:
-        rec = trial.user_attrs.get(results.RECORD)
-        if not rec or "duplicate_of" in rec or any(v > 0 for v in (trial.constraints or {}).values()):
+        rec = TrialRecord.of_trial(trial)
+        if rec is None or rec.duplicate_of is not None or any(v > 0 for v in (trial.constraints or {}).values()):
             return False
-        acc, lat = rec["accuracy"], rec["latency"]["total_ms"]
+        acc, lat = rec.accuracy, rec.latency_ms
         return not any(a >= acc and t <= lat and (a > acc or t < lat) for a, t in self._last_front)
 
     # ---------------------------------------------------------------- set-up
@@ -199,11 +200,15 @@ class Search:
                 "space": self.resolved.fingerprint()}
 
     @property
+    def objectives(self) -> Objectives:
+        return Objectives.from_dict(self.space.objectives)
+
+    @property
     def mode(self) -> str:
-        return self.space.objectives["mode"]
+        return self.objectives.mode
 
     def directions(self) -> list[str]:
-        return {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"], "latency": ["minimize"]}[self.mode]
+        return self.objectives.directions()
 
     def sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
         """The space's sampler, recording each trial's worker when the trial is created."""
@@ -224,7 +229,7 @@ class Search:
         storage = make_storage(self.storage_url, self.paths, HEARTBEAT_S if self.heartbeat is None else self.heartbeat,
                                self.max_retry)
         attrs = {"version": __version__, "name": self.name, "mode": self.mode,
-                 "objectives": self.space.objectives, "space_path": str(self.space.path.resolve()),
+                 "objectives": self.objectives.to_dict(), "space_path": str(self.space.path.resolve()),
                  "base_path": str(self.space.base), "march": self.ws.target.march,
                  "node_info_supported": self.ws.node_info_supported, "fingerprints": self.fingerprints()}
         try:
@@ -383,11 +388,11 @@ class Search:
             if t.number in self._seen:
                 continue
             self._seen.add(t.number)
-            rec = t.user_attrs.get(results.RECORD)
-            if rec and t.values is not None and "duplicate_of" not in rec:
-                self._done.setdefault(rec["key"], (t.number, list(t.values), rec))
+            rec = TrialRecord.of_trial(t)
+            if rec is not None and t.values is not None and rec.duplicate_of is None:
+                self._done.setdefault(rec.key, (t.number, list(t.values), rec))
 
-    def lookup(self, study: optuna.Study, key: str) -> tuple[int, list[float], dict] | None:
+    def lookup(self, study: optuna.Study, key: str) -> tuple[int, list[float], TrialRecord] | None:
         """The stored result of a candidate already evaluated, by this worker or any other."""
         if key not in self._done:
             self.load_done(study)
@@ -404,42 +409,39 @@ class Search:
             params[name] = trial.suggest_categorical(name, values)
         cand = r.candidate(params)
         key = cand.key()
-        obj = self.space.objectives
         hit = self.lookup(trial.study, key)
         if hit is not None:
             # The same configuration was already simulated (here or by another worker):
             # answer from the stored result.
             number, values, source = hit
-            self._constrain(trial, source["accuracy"], source["latency"]["total_ms"])
-            trial.set_user_attr(results.RECORD, dict(source, duplicate_of=number))
+            self._constrain(trial, source.accuracy, source.latency_ms)
+            trial.set_user_attr(RECORD, source.as_duplicate_of(number).to_json())
             return values if len(values) > 1 else values[0]
         try:
             ev = self._evaluated.pop(key, None) or self.ws.simulator.evaluate(cand)
-            acc = accuracy(ev.outputs, obj["accuracy"], ev.task)
+            acc = accuracy(ev.outputs, self.objectives.accuracy, ev.task)
             if not math.isfinite(acc):
                 raise FloatingPointError(f"accuracy is {acc}")
         except Exception as exc:
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
             raise
         lat = self.cost.latency(ev.plan)
-        record = {"key": key, "accuracy": acc, "outputs": ev.outputs, "task": ev.task, "latency": lat.as_dict(),
-                  "counts": ev.counts(),
-                  "calibration": {"method": ev.calibration.describe(), "requested": cand.calibration.describe()},
-                  "candidate": cand.to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes, "notes": ev.notes[:20],
-                  "seconds": ev.seconds}
-        trial.set_user_attr(results.RECORD, record)
+        record = TrialRecord(key=key, accuracy=acc, outputs=ev.outputs, task=ev.task,
+                             latency=Latency.from_json(lat.as_dict()), counts=Counts.from_json(ev.counts()),
+                             calibration=CalibrationUsed(method=ev.calibration.describe(),
+                                                         requested=cand.calibration.describe()),
+                             candidate_fields=cand.to_yaml_fields(), cpu_nodes=tuple(ev.plan.cpu_nodes),
+                             notes=tuple(ev.notes[:20]), seconds=ev.seconds)
+        trial.set_user_attr(RECORD, record.to_json())
         self._constrain(trial, acc, lat.total_ms)
-        values = {"pareto": [acc, lat.total_ms], "accuracy": [acc], "latency": [lat.total_ms]}[self.mode]
+        values = self.objectives.values(acc, lat.total_ms)
         self._done[key] = (trial.number, values, record)
         self._seen.add(trial.number)
         return values if len(values) > 1 else values[0]
 
     def _constrain(self, trial: optuna.Trial, acc: float, lat_ms: float) -> None:
-        obj = self.space.objectives
-        if obj["min_accuracy"] is not None:
-            trial.set_constraint("min_accuracy", float(obj["min_accuracy"]) - acc)
-        if obj["max_latency_ms"] is not None:
-            trial.set_constraint("max_latency_ms", lat_ms - float(obj["max_latency_ms"]))
+        for name, value in self.objectives.constraints(acc, lat_ms).items():
+            trial.set_constraint(name, value)
 
     # ---------------------------------------------------------------- anytime results
     def write_results(self, study: optuna.Study, force: bool = False,
@@ -485,18 +487,18 @@ class Search:
         want = []
         best = results.best(rs, self.mode, self.space.objectives["min_accuracy"])
         if best is not None:
-            want.append((f"trial {best.number} (exported)", best.number, best.record["candidate"]))
+            want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))
         base = [r for r in rs if r.plan and r.plan.startswith("baseline")]
         if base:
             b = min(base, key=lambda r: r.number)
-            want.append((f"all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number, b.record["candidate"]))
+            want.append((f"all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number,
+                         b.trial_record.candidate))
         else:
             ref = self.resolved.candidate(self.resolved.params_for(_reference_calibration(self.space,
                                                                                            self.resolved.base)))
-            want.append(("all-BPU int8 baseline", None, ref.to_yaml_fields()))
+            want.append(("all-BPU int8 baseline", None, ref))
         out = []
-        for label, number, fields in want:
-            cand = Candidate.from_yaml_fields(fields)
+        for label, number, cand in want:
             key = cand.key()
             if key not in self._traces:
                 self._traces[key] = self.ws.simulator.evaluate(cand, per_node=True)
@@ -587,15 +589,14 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
     if not base_path.is_file():
         raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
     base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
-    cand = Candidate.from_yaml_fields(row.record["candidate"])
-    cfg, notes = merged_config(base_raw, base_path, cand, out, node_info_supported)
+    rec = row.trial_record
+    cfg, notes = merged_config(base_raw, base_path, rec.candidate, out, node_info_supported)
     check_rules(cfg, out, node_names)
-    rec = row.record
     header = [f"# hb_mapper makertbin config exported by tuner {__version__} from study {provenance.get('study')!r}, "
               f"trial {row.number}",
-              f"# simulated accuracy {rec['accuracy']:.6f}, modeled latency {rec['latency']['total_ms']:.3f} ms, "
-              f"{rec['counts']['subgraphs']} BPU subgraph(s), {rec['counts']['cpu_nodes']} CPU node(s), "
-              f"{rec['counts']['int16_nodes']} int16 node(s); calibration {rec['calibration']['method']}"]
+              f"# simulated accuracy {rec.accuracy:.6f}, modeled latency {rec.latency_ms:.3f} ms, "
+              f"{rec.counts.subgraphs} BPU subgraph(s), {rec.counts.cpu_nodes} CPU node(s), "
+              f"{rec.counts.int16_nodes} int16 node(s); calibration {rec.calibration.method}"]
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
     write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
@@ -605,13 +606,13 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
 def trials_csv(rows: list[results.Row]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    task = list(dict.fromkeys(k for r in rows for k in r.record.get("task", {})))
+    task = list(dict.fromkeys(k for r in rows for k in r.trial_record.task))
     w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes"] + task
                + ["calibration", "plan"])
     for r in sorted(rows, key=lambda r: r.number):
-        values = [f"{r.record['task'][k]:.6f}" if k in r.record.get("task", {}) else "" for k in task]
-        w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts["subgraphs"],
-                    r.counts["cpu_nodes"], r.counts["int16_nodes"]] + values + [r.calibration, r.plan or ""])
+        values = [f"{r.trial_record.task[k]:.6f}" if k in r.trial_record.task else "" for k in task]
+        w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts.subgraphs,
+                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + [r.calibration, r.plan or ""])
     return buf.getvalue()
 
 
