@@ -297,7 +297,7 @@ class Search:
                 seen.add(key)
                 plans.append((label, params))
 
-        pcts = [p for p in c["max_percentile"] if float(p) < 1.0]
+        pcts = [p for p in c["max_percentile"] if Calibration(type="max", max_percentile=p).max_percentile is not None]
         for ctype in c["calibration_type"]:
             for pc in (c["per_channel"] if ctype in ("max", "kl") else [False]):
                 cal = Calibration(type=ctype, per_channel=pc)
