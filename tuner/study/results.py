@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import RECORD, Counts, TrialRecord
+from tuner.study.record import RECORD, Counts, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
 
 
 @dataclass(frozen=True)
