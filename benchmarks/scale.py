@@ -41,9 +41,12 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from search import REPO, SPACE, load, prepare_data
+
+from tuner.study.record import RECORD, CalibrationUsed, Counts, Latency, TrialRecord
 
 WARM = 11  # the example's warm-start trials
 
@@ -64,7 +67,8 @@ def steady_rate(trials) -> tuple[float, float, int]:
     t0 = done[WARM - 1].datetime_complete
     rest = done[WARM:]
     span = (rest[-1].datetime_complete - t0).total_seconds()
-    sims = [t.user_attrs["record"]["seconds"] for t in rest if "duplicate_of" not in t.user_attrs["record"]]
+    recs = [TrialRecord.of_trial(t) for t in rest]
+    sims = [r.seconds for r in recs if r is not None and r.duplicate_of is None]
     return 3600 * len(rest) / span, sum(sims) / max(1, len(sims)), len(rest)
 
 
@@ -159,16 +163,16 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
             cand = src.candidate(params)
             ev = search.ws.simulator.evaluate(cand)  # the probe's stand-in evaluation returns it too
             lat = search.cost.latency(ev.plan)
-            record = {"key": "", "accuracy": 0.99, "outputs": ev.outputs, "task": ev.task, "latency": lat.as_dict(),
-                      "counts": ev.counts(), "calibration": {"method": "max", "requested": "max"},
-                      "candidate": cand.to_yaml_fields(), "cpu_nodes": ev.plan.cpu_nodes,
-                      "notes": [], "seconds": 0.1}
+            record = TrialRecord(key="", accuracy=0.99, outputs=ev.outputs, task=ev.task,
+                                 latency=Latency.from_json(lat.as_dict()), counts=Counts.from_json(ev.counts()),
+                                 calibration=CalibrationUsed("max", "max"), candidate_fields=cand.to_yaml_fields(),
+                                 cpu_nodes=tuple(ev.plan.cpu_nodes), notes=(), seconds=0.1)
         acc = 0.999 - 0.01 * rng.random()
         trials.append(optuna.trial.create_trial(
             params=params, distributions=dists, values=[acc, 1.0 + rng.random()],
             # keys no probe candidate can match: every probe trial is evaluated (late in a study
             # TPE re-proposes stored candidates often; those are answered from storage instead)
-            user_attrs={"record": dict(record, key=f"fill-{i}", accuracy=acc),
+            user_attrs={RECORD: replace(record, key=f"fill-{i}", accuracy=acc).to_json(),
                         "worker": {"host": "fill", "pid": 0}}))
     study.add_trials(trials)
     fill_s = time.perf_counter() - t0

@@ -162,7 +162,7 @@ def points(study) -> list[Point]:
     """Completed trials in trial order."""
     from tuner.study.results import rows
 
-    return sorted((Point(r.number, r.accuracy, r.latency_ms, "duplicate_of" in r.record) for r in rows(study)),
+    return sorted((Point(r.number, r.accuracy, r.latency_ms, r.duplicate) for r in rows(study)),
                   key=lambda p: p.number)
 
 

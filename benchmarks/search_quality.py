@@ -139,11 +139,11 @@ def goal_accuracy(row, goal) -> float:
     """The goal's metric of a trial, from its record (the study's objective may be another metric)."""
     from tuner.metrics.accuracy import accuracy
 
-    return accuracy(row.record["outputs"], goal.metric, row.record.get("task", {}))
+    return accuracy(row.trial_record.outputs, goal.metric, row.trial_record.task)
 
 
 def meets(row, goal) -> bool:
-    return goal.met(goal_accuracy(row, goal), row.record.get("task", {}))
+    return goal.met(goal_accuracy(row, goal), row.trial_record.task)
 
 
 def study_line(method: str, rs, goal, task_name, evaluations: str, wall: float) -> tuple[Line, int | None]:
@@ -153,10 +153,10 @@ def study_line(method: str, rs, goal, task_name, evaluations: str, wall: float) 
         pick = min(ok, key=lambda r: (r.latency_ms, -goal_accuracy(r, goal), r.number))
     else:
         pick = max(rs, key=lambda r: (goal_accuracy(r, goal), -r.latency_ms))
-    first = next(i for i, r in enumerate(rs) if r.record["key"] == pick.record["key"]) + 1
-    rec = pick.record
-    line = Line(method, bool(ok), goal_accuracy(pick, goal), rec.get("task", {}).get(task_name) if task_name else None,
-                pick.latency_ms, rec["counts"]["cpu_nodes"], rec["counts"]["int16_nodes"], rec["counts"]["subgraphs"],
+    first = next(i for i, r in enumerate(rs) if r.trial_record.key == pick.trial_record.key) + 1
+    rec = pick.trial_record
+    line = Line(method, bool(ok), goal_accuracy(pick, goal), rec.task.get(task_name) if task_name else None,
+                pick.latency_ms, rec.counts.cpu_nodes, rec.counts.int16_nodes, rec.counts.subgraphs,
                 evaluations, wall, f"first at trial {first}" + ("" if ok else " (most accurate; goal not met)"))
     return line, first
 
@@ -346,14 +346,14 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     first_at: dict[str, dict[tuple[float, float], int]] = {}
     for label, rs, wall in (("tuner (TPE + warm start)", t_rows, t_wall), ("random search", r_rows, r_wall)):
         good = [r for r in rs if meets(r, goal)]
-        hit = next((i + 1 for i, r in enumerate(rs) if r.record["key"] in opt_keys), None)
+        hit = next((i + 1 for i, r in enumerate(rs) if r.trial_record.key in opt_keys), None)
         first_at[label] = {}
         for i, r in enumerate(rs):
-            sc = by_key.get(r.record["key"])
+            sc = by_key.get(r.trial_record.key)
             if sc is not None and (sc.accuracy, sc.latency_ms) in front_set:
                 first_at[label].setdefault((sc.accuracy, sc.latency_ms), i + 1)
         hv = hypervolume(goal_points(rs, goal), floor, ref_ms)
-        distinct = len({r.record["key"] for r in rs})
+        distinct = len({r.trial_record.key for r in rs})
         cheapest = f"{min(r.latency_ms for r in good):.3f}" if good else "-"
         lines.append(f"| {label} | {len(rs)} trials | {distinct} ({100 * distinct / len(grid):.1f}%) | "
                      f"{hit if good and hit else f'not reached in {len(rs)}'} | {cheapest} | "

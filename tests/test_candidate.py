@@ -90,3 +90,23 @@ def test_calibration_parse_short_forms():
                           ("max:1.5", "(0, 1]")):
         with pytest.raises(TunerError, match=fragment.replace("(", r"\(").replace("]", r"\]")):
             Calibration.parse(bad)
+
+
+def test_percentile_one_is_plain_max_in_one_vocabulary():
+    """Percentile 1.0 (hb_mapper's default, a space's plain-max value) and no percentile are one
+    configuration: one key, one description, one exported YAML; a percentile means nothing to kl."""
+    from tuner.candidate import Calibration, Candidate
+
+    one = Calibration(type="max", max_percentile=1.0, per_channel=True)
+    assert one == Calibration(type="max", per_channel=True) and one.max_percentile is None
+    assert one.describe() == "max:per_channel" and one.percentile_value == 1.0
+    assert Calibration(type="kl", max_percentile=0.9999).max_percentile is None
+    assert Calibration(type="max", max_percentile=0.9999).percentile_value == 0.9999
+    spelled = Candidate.from_yaml_fields({"calibration_parameters": {"calibration_type": "max", "max_percentile": 1.0,
+                                                                     "per_channel": True}})
+    plain = Candidate.from_yaml_fields({"calibration_parameters": {"calibration_type": "max", "per_channel": True}})
+    assert spelled.key() == plain.key() and spelled == plain
+    assert spelled.to_yaml_fields()["calibration_parameters"] == {"calibration_type": "max", "per_channel": True}
+    pct = Candidate.make(Calibration(type="max", max_percentile=0.99995))
+    assert pct.to_yaml_fields()["calibration_parameters"]["max_percentile"] == 0.99995
+    assert Candidate.from_yaml_fields(pct.to_yaml_fields()).key() == pct.key()

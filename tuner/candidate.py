@@ -18,12 +18,20 @@ from tuner.inputs.config import HbConfig, parse_node_info
 
 # The values hb_mapper accepts (reference 6.1); a candidate never holds anything it would reject.
 CALIBRATION_TYPES = ("default", "mix", "kl", "max", "load", "skip")
+#: hb_mapper's max_percentile default: percentile 1.0 is the plain abs-max (a search space lists it as the value).
+PLAIN_MAX_PERCENTILE = 1.0
 _INPUT_K = re.compile(r"^InputType(\d+)$")
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """``calibration_parameters`` that shape the quantization thresholds."""
+    """``calibration_parameters`` that shape the quantization thresholds.
+
+    One vocabulary, normalised here and only here: ``max_percentile`` is a float below 1 for
+    max-percentile, else None. Percentile 1.0 (hb_mapper's default, a space's plain-max
+    value) *is* plain max, and a percentile means nothing to another calibration_type, so
+    both become None: two spellings of one configuration compare, hash and key equal.
+    """
 
     type: str = "default"
     max_percentile: float | None = None
@@ -33,8 +41,16 @@ class Calibration:
     def __post_init__(self) -> None:
         if self.type not in CALIBRATION_TYPES:
             raise TunerError(f"calibration_type {self.type!r} is not one of {', '.join(CALIBRATION_TYPES)}")
-        if self.max_percentile is not None and not 0.0 < self.max_percentile <= 1.0:
-            raise TunerError(f"max_percentile must be in (0, 1], got {self.max_percentile}")
+        if self.max_percentile is not None:
+            p = float(self.max_percentile)
+            if not 0.0 < p <= 1.0:
+                raise TunerError(f"max_percentile must be in (0, 1], got {self.max_percentile}")
+            object.__setattr__(self, "max_percentile", p if self.type == "max" and p < PLAIN_MAX_PERCENTILE else None)
+
+    @property
+    def percentile_value(self) -> float:
+        """``max_percentile`` as a search space lists it (plain max: 1.0)."""
+        return PLAIN_MAX_PERCENTILE if self.max_percentile is None else self.max_percentile
 
     @classmethod
     def parse(cls, spec: str) -> "Calibration":
@@ -68,7 +84,7 @@ class Calibration:
         f-string), so 0.999995 keeps its seven digits (``%g`` would print 1).
         """
         params = []
-        if self.type == "max" and self.max_percentile not in (None, 1.0):
+        if self.max_percentile is not None:
             name = "max-percentile"
             params.append(f"percentile={float(self.max_percentile)!r}")
         elif self.type == "kl":
@@ -148,8 +164,7 @@ class Candidate:
     def from_config(cls, cfg: HbConfig, node_info_supported: bool = True) -> "Candidate":
         """The candidate a YAML describes. Without node_info support (bernoulli2) only the
         legacy ``run_on_cpu``/``run_on_bpu`` lists count, as on the real tool."""
-        cal = Calibration(type=cfg.calibration_type,
-                          max_percentile=cfg.max_percentile if cfg.calibration_type == "max" else None,
+        cal = Calibration(type=cfg.calibration_type, max_percentile=cfg.max_percentile,
                           per_channel=cfg.per_channel, asymmetric="asymmetric" in cfg.optimization)
         nodes = cfg.node_info if node_info_supported else cfg.legacy_placement
         return cls.make(cal, {k: NodeSetting.from_dict(v) for k, v in nodes.items()},
@@ -163,15 +178,15 @@ class Candidate:
         node_info = parse_node_info("model_parameters.node_info", mp.get("node_info"))
         opts = tuple(o.strip() for o in re.split(r"[,;]", cp.get("optimization") or "") if o.strip())
         ctype = cp.get("calibration_type", "default")
-        cal = Calibration(type=ctype, max_percentile=cp.get("max_percentile") if ctype == "max" else None,
+        cal = Calibration(type=ctype, max_percentile=cp.get("max_percentile"),
                           per_channel=bool(cp.get("per_channel", False)), asymmetric="asymmetric" in opts)
         return cls.make(cal, node_info, tuple(o for o in opts if o != "asymmetric"))
 
     def to_yaml_fields(self) -> dict[str, Any]:
         """The two YAML sections this candidate sets; merge them into the user's base YAML."""
         cp: dict[str, Any] = {"calibration_type": self.calibration.type}
-        if self.calibration.type == "max" and self.calibration.max_percentile is not None:
-            cp["max_percentile"] = float(self.calibration.max_percentile)
+        if self.calibration.max_percentile is not None:
+            cp["max_percentile"] = self.calibration.max_percentile
         if self.calibration.type in ("max", "kl"):
             cp["per_channel"] = bool(self.calibration.per_channel)
         opts = list(self.optimization) + (["asymmetric"] if self.calibration.asymmetric else [])

@@ -308,8 +308,8 @@ def _print_summary(study, paths, mode: str, min_accuracy) -> None:
         print("\nPareto front (accuracy up, modeled latency down):")
         print(table(["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"],
                     [[("*" if b and r.number == b.number else " ") + str(r.number), f"{r.accuracy:.6f}",
-                      f"{r.latency_ms:.3f}", str(r.counts["subgraphs"]), str(r.counts["cpu_nodes"]),
-                      str(r.counts["int16_nodes"]), r.calibration, r.plan or ""] for r in front]))
+                      f"{r.latency_ms:.3f}", str(r.counts.subgraphs), str(r.counts.cpu_nodes),
+                      str(r.counts.int16_nodes), r.calibration, r.plan or ""] for r in front]))
     elif rs:
         print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
     if paths.best.exists():

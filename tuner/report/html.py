@@ -4,7 +4,9 @@ and what the search did about it.
 Plotly's JavaScript is embedded once, so the file opens offline and can be mailed. The
 optimization history and parameter importances come from Optuna's visualization module;
 the Pareto plot is drawn here because it marks the baselines and the exported trial, and
-works for single-objective studies too. The page records in ``#tuner-status`` how many
+works for single-objective studies too. :func:`render` is a pure function of a
+:class:`~tuner.study.outputs.ReportSnapshot` (gathered by :func:`tuner.study.outputs.snapshot`),
+so it is tested without a run. The page records in ``#tuner-status`` how many
 plots drew and which script errors happened, so a headless browser test can check it.
 """
 
@@ -13,14 +15,17 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from tuner import __version__
+from tuner.export.hb_yaml import write_atomic
 from tuner.study import results
+from tuner.study.outputs import ReportSnapshot, Trace
+from tuner.study.record import TrialRecord
+from tuner.toolchain.compare import Comparison
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}
@@ -54,34 +59,6 @@ window.addEventListener('load', function () {
 """
 
 
-@dataclass
-class Trace:
-    """Per-node output cosine along the topological order, for one candidate."""
-
-    label: str
-    trial: int | None
-    nodes: list[dict[str, Any]]     # name, op_type, on, subgraph, cosine
-
-    @classmethod
-    def from_evaluation(cls, label: str, trial: int | None, ev) -> "Trace":
-        return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
-                                   "cosine": r.cosine} for r in ev.nodes])
-
-
-@dataclass
-class ReportInputs:
-    """Everything the page shows; gathered by the study runner (which has the simulator) or
-    by ``tuner report`` (which may not, when the model files moved)."""
-
-    study: optuna.Study
-    info: dict[str, Any]
-    storage: str
-    sensitivity: dict[str, float] = field(default_factory=dict)
-    traces: list[Trace] = field(default_factory=list)
-    best_yaml: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-
 # ------------------------------------------------------------------------------ figures
 def _is_baseline(r: results.Row) -> bool:
     return bool(r.plan) and r.plan.startswith("baseline")
@@ -103,7 +80,7 @@ def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy:
     def hover(r: results.Row) -> str:
         c = r.counts
         return (f"trial {r.number}<br>accuracy {r.accuracy:.6f}<br>latency {r.latency_ms:.3f} ms<br>"
-                f"{c['subgraphs']} subgraph(s), {c['cpu_nodes']} CPU, {c['int16_nodes']} int16<br>"
+                f"{c.subgraphs} subgraph(s), {c.cpu_nodes} CPU, {c.int16_nodes} int16<br>"
                 f"{html.escape(r.calibration)}" + (f"<br>{html.escape(r.plan)}" if r.plan else ""))
 
     def scatter(sel: list[results.Row], **kw):
@@ -238,9 +215,9 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozen
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def node_info_rows(record: dict[str, Any]) -> list[list[str]]:
+def node_info_rows(record: TrialRecord) -> list[list[str]]:
     """The chosen node_info as rows: node, ON, InputType (incl. per-input), OutputType."""
-    node_info = (record.get("candidate", {}).get("model_parameters") or {}).get("node_info") or {}
+    node_info = record.node_info
     rows = []
     for name, d in sorted(node_info.items()):
         inputs = [f"{k}: {v}" for k, v in sorted(d.items()) if k.startswith("InputType")]
@@ -250,8 +227,6 @@ def node_info_rows(record: dict[str, Any]) -> list[list[str]]:
 
 def verification_html(real: dict[int, dict[str, Any]]) -> str:
     """A table of verified trials, then each attached log's side-by-side comparison."""
-    from tuner.toolchain.compare import Comparison
-
     def f(v: Any, digits: int = 6, sign: bool = False) -> str:
         if not isinstance(v, (int, float)) or not math.isfinite(v):
             return "--"
@@ -281,23 +256,27 @@ def _fig_html(fig, div_id: str) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def render(inp: ReportInputs) -> str:
+def _study_of(snap: ReportSnapshot) -> optuna.Study:
+    """An in-memory study holding the snapshot's trials, for Optuna's own plots."""
+    study = optuna.create_study(study_name=snap.name, directions=snap.directions)
+    study.add_trials(snap.trials)
+    return study
+
+
+def render(snap: ReportSnapshot) -> str:
     """The whole page as one string."""
     from plotly.offline import get_plotlyjs
 
-    info = inp.info
+    info = snap.info
     mode = info.get("mode", "pareto")
     min_acc = (info.get("objectives") or {}).get("min_accuracy")
-    rs = results.rows(inp.study)
+    rs = snap.rows
     best = results.best(rs, mode, min_acc)
     front = results.pareto(rs)
-    states = [t.state for t in inp.study.get_trials(deepcopy=False)]
-    n_fail = sum(s == optuna.trial.TrialState.FAIL for s in states)
+    n_fail = sum(t.state == optuna.trial.TrialState.FAIL for t in snap.trials)
     sections: list[str] = []
-    notes = list(inp.notes)
-    from tuner.toolchain.records import real_records
-
-    real = real_records(inp.study)
+    notes = list(snap.notes)
+    real = snap.real
 
     def section(title: str, body: str, why: str = "") -> None:
         sections.append(f"<section><h2>{html.escape(title)}</h2>"
@@ -314,8 +293,8 @@ def render(inp: ReportInputs) -> str:
     if best is not None:
         c = best.counts
         cards += [("exported trial", str(best.number)), ("accuracy", f"{best.accuracy:.6f}"),
-                  ("modeled latency", f"{best.latency_ms:.3f} ms"), ("BPU subgraphs", str(c["subgraphs"])),
-                  ("CPU nodes", str(c["cpu_nodes"])), ("int16 nodes", str(c["int16_nodes"]))]
+                  ("modeled latency", f"{best.latency_ms:.3f} ms"), ("BPU subgraphs", str(c.subgraphs)),
+                  ("CPU nodes", str(c.cpu_nodes)), ("int16 nodes", str(c.int16_nodes))]
     base = [r for r in rs if _is_baseline(r)]
     if base:
         top = max(base, key=lambda r: r.accuracy)
@@ -332,45 +311,46 @@ def render(inp: ReportInputs) -> str:
         for i, r in enumerate(front):
             if best is not None and r.number == best.number:
                 hi = i
-            table_rows.append([str(r.number), f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}", str(r.counts["subgraphs"]),
-                               str(r.counts["cpu_nodes"]), str(r.counts["int16_nodes"]), r.calibration,
+            table_rows.append([str(r.number), f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}", str(r.counts.subgraphs),
+                               str(r.counts.cpu_nodes), str(r.counts.int16_nodes), r.calibration,
                                r.plan or ""])
         sections[-1] = sections[-1][:-len("</section>")] + _table(
             ["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"], table_rows,
             {1, 2, 3, 4, 5}, hi) + "</section>"
-        section("Search", '<div class="grid">' + plot(history_figure, "history", inp.study, mode)
-                + plot(importance_figure, "importances", inp.study, mode) + "</div>",
+        study = _study_of(snap)
+        section("Search", '<div class="grid">' + plot(history_figure, "history", study, mode)
+                + plot(importance_figure, "importances", study, mode) + "</div>",
                 "Optimization history (accuracy per trial and best so far) and which knobs mattered (PED-ANOVA).")
     else:
         notes.append("no completed trial yet")
 
-    if inp.sensitivity:
-        section("Node sensitivity", plot(sensitivity_figure, "sensitivity", inp.sensitivity),
+    if snap.sensitivity:
+        section("Node sensitivity", plot(sensitivity_figure, "sensitivity", snap.sensitivity),
                 "How much accuracy each node's int8 quantization costs: the gain when that node alone stays float.")
-    if inp.traces:
-        section("Accumulated error along the graph", plot(trace_figure, "trace", inp.traces),
+    if snap.traces:
+        section("Accumulated error along the graph", plot(trace_figure, "trace", snap.traces),
                 "Per-node output cosine against the float model, in topological order. Where the curve jumps, "
                 "error enters; dotted lines mark CPU/BPU switches of the first curve.")
 
     if best is not None:
-        rows = node_info_rows(best.record)
+        rows = node_info_rows(best.trial_record)
         body = (_table(["node", "ON", "InputType", "OutputType"], rows) if rows
                 else "<p>no node_info: every node keeps hb_mapper's default placement and int8</p>")
         body += (f"<p>calibration: <b>{html.escape(best.calibration)}</b>"
-                 f" (requested {html.escape(best.record['calibration']['requested'])})</p>")
-        task = best.record.get("task") or {}
+                 f" (requested {html.escape(best.trial_record.calibration.requested)})</p>")
+        task = best.trial_record.task
         if task:
             body += _table(["task metric", "value"], [[k, f"{v:.6f}"] for k, v in task.items()], {1})
         section(f"Chosen configuration (trial {best.number})", body)
-    if inp.best_yaml is not None:
-        section("Exported YAML (best.yaml)", f"<pre>{html.escape(inp.best_yaml)}</pre>")
+    if snap.best_yaml is not None:
+        section("Exported YAML (best.yaml)", f"<pre>{html.escape(snap.best_yaml)}</pre>")
     if real:
         section("Simulation vs the real toolchain", verification_html(real),
                 "Trials checked with 'tuner verify' or an imported hb_mapper log: the real figures next to the "
                 "simulated ones, and per node where a log was attached.")
 
     fps = info.get("fingerprints") or {}
-    prov = [["study", inp.study.study_name], ["storage", inp.storage], ["march", str(info.get("march", "?"))],
+    prov = [["study", snap.name], ["storage", snap.storage], ["march", str(info.get("march", "?"))],
             ["tuner", str(info.get("version", "?"))]] + [[f"{k} sha256", v] for k, v in fps.items()]
     section("Provenance", _table(["", ""], prov))
     if notes:
@@ -378,7 +358,7 @@ def render(inp: ReportInputs) -> str:
                         + "</section>")
 
     now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-    title = f"tuner study {inp.study.study_name}"
+    title = f"tuner study {snap.name}"
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script>{_STATUS_JS}</script>"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
@@ -387,11 +367,9 @@ def render(inp: ReportInputs) -> str:
             f"<main><div id=\"tuner-status\" data-done=\"0\"></div>{''.join(sections)}</main></body></html>")
 
 
-def write_report(path: Path, inp: ReportInputs) -> Path:
-    from tuner.export.hb_yaml import write_atomic
-
-    write_atomic(path, render(inp))
+def write_report(path: Path, snap: ReportSnapshot) -> Path:
+    write_atomic(path, render(snap))
     return path
 
 
-__all__ = ["ReportInputs", "Trace", "render", "write_report", "node_info_rows"]
+__all__ = ["ReportSnapshot", "Trace", "render", "write_report", "node_info_rows"]

@@ -50,7 +50,7 @@ class Scale:
 
 def method_of(cal: Calibration) -> tuple[str, float | None]:
     """Map hb_mapper's calibration_type (+ max_percentile) to a statistics method."""
-    if cal.type == "max" and cal.max_percentile is not None and cal.max_percentile < 1.0:
+    if cal.max_percentile is not None:   # normalised by Calibration: max only, below 1
         return "max-percentile", cal.max_percentile   # hb_mapper's reading (tuner.calib.methods)
     if cal.type in ("max", "kl"):
         return cal.type, None

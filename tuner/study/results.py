@@ -1,7 +1,7 @@
 """Reading a study's outcome: feasible trials, the Pareto front, the trial to export.
 
-Pure functions over Optuna's FrozenTrials, shared by the anytime writer, ``tuner status``
-and ``tuner export``.
+Pure functions over Optuna's FrozenTrials (or hand-made :class:`Row` values), shared by the
+anytime outputs, the report, ``tuner status``, ``export`` and ``verify``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-RECORD = "record"
+from tuner.study.record import RECORD, Counts, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
 
 
 @dataclass(frozen=True)
@@ -20,30 +20,49 @@ class Row:
     """One completed trial, flattened for tables and choices."""
 
     number: int
-    accuracy: float
-    latency_ms: float
+    trial_record: TrialRecord
     feasible: bool
-    counts: dict[str, int]
-    calibration: str
     plan: str | None
-    trial: FrozenTrial
+    trial: FrozenTrial | None = None    # None for rows made by hand (tests, benchmarks)
+
+    @property
+    def accuracy(self) -> float:
+        return self.trial_record.accuracy
+
+    @property
+    def latency_ms(self) -> float:
+        return self.trial_record.latency_ms
+
+    @property
+    def counts(self) -> Counts:
+        return self.trial_record.counts
+
+    @property
+    def calibration(self) -> str:
+        """The calibration method string (what hb_mapper logs)."""
+        return self.trial_record.calibration.method
+
+    @property
+    def duplicate(self) -> bool:
+        return self.trial_record.duplicate_of is not None
 
     @property
     def record(self) -> dict[str, Any]:
-        return self.trial.user_attrs[RECORD]
+        """The record's JSON as stored (what optuna-dashboard shows); code reads :attr:`trial_record`."""
+        return self.trial_record.to_json()
+
+
+def row(t: FrozenTrial) -> Row | None:
+    """The row of a completed trial, or None when it has no record (a trial added by hand)."""
+    rec = TrialRecord.of_trial(t)
+    if rec is None:
+        return None
+    feasible = all(v <= 0 for v in (t.constraints or {}).values()) if hasattr(t, "constraints") else True
+    return Row(number=t.number, trial_record=rec, feasible=feasible, plan=t.user_attrs.get("plan"), trial=t)
 
 
 def rows(study: optuna.Study) -> list[Row]:
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        rec = t.user_attrs.get(RECORD)
-        if not rec:
-            continue
-        feasible = all(v <= 0 for v in (t.constraints or {}).values()) if hasattr(t, "constraints") else True
-        out.append(Row(number=t.number, accuracy=rec["accuracy"], latency_ms=rec["latency"]["total_ms"],
-                       feasible=feasible, counts=rec["counts"], calibration=rec["calibration"]["method"],
-                       plan=t.user_attrs.get("plan"), trial=t))
-    return out
+    return [r for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if (r := row(t)) is not None]
 
 
 def pareto(rs: list[Row]) -> list[Row]:

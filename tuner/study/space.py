@@ -347,7 +347,7 @@ class ResolvedSpace:
         ctype = params.get("calibration_type", c["calibration_type"][0])
         pct = params.get("max_percentile", c["max_percentile"][0])
         pc = params.get("per_channel", c["per_channel"][0])
-        return Calibration(type=ctype, max_percentile=float(pct) if ctype == "max" and float(pct) < 1.0 else None,
+        return Calibration(type=ctype, max_percentile=pct,
                            per_channel=bool(pc) if ctype in ("max", "kl") else False)
 
     def params_for(self, calibration: Calibration, choices: dict[str, str] | None = None) -> dict[str, Any]:
@@ -360,7 +360,7 @@ class ResolvedSpace:
         if "calibration_type" in c:
             params["calibration_type"] = calibration.type
         if "max_percentile" in c:
-            pct = calibration.max_percentile if calibration.max_percentile is not None else 1.0
+            pct = calibration.percentile_value
             params["max_percentile"] = pct if pct in c["max_percentile"] else c["max_percentile"][0]
         if "per_channel" in c:
             params["per_channel"] = calibration.per_channel

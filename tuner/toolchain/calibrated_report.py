@@ -258,7 +258,7 @@ def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = 
     scales = sim.scales(calibration)
     memo = sim.thresholds
     yaml_cal = candidate.calibration
-    p = yaml_cal.max_percentile if yaml_cal.max_percentile not in (None, 1.0) else DEFAULT_PERCENTILE
+    p = yaml_cal.max_percentile if yaml_cal.max_percentile is not None else DEFAULT_PERCENTILE
     rows: list[ThresholdRow] = []
     for t, nodes in mapped.activations.items():
         for n in nodes:
@@ -292,7 +292,7 @@ def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = 
                               nodes=len(cal.nodes), rows=rows,
                               differences=plan_differences(mapped, plan, scales, ws.graph),
                               unmapped=[(u.node.name, u.reason) for u in mapped.unmapped], notes=list(notes))
-    if reading and yaml_cal.type == "max" and yaml_cal.max_percentile not in (None, 1.0):
+    if reading and yaml_cal.max_percentile is not None:
         report.percentile = percentile_reading(ws, mapped, yaml_cal.max_percentile)
     elif reading:
         report.notes.append("percentile reading (hb_quantizer_facts 1.3) not checked: the YAML's calibration is not "

@@ -38,6 +38,7 @@ import yaml
 
 from tuner.errors import TunerError
 from tuner.study import results
+from tuner.study.record import Objectives
 from tuner.toolchain.compare import Comparison
 from tuner.toolchain.hblog import HbLog, parse_log, read_log
 from tuner.toolchain.records import real_record, real_records, save_real
@@ -181,11 +182,9 @@ class StudyContext:
         return self._ws
 
     def compare(self, row: results.Row, log: HbLog) -> Comparison:
-        from tuner.candidate import Candidate
-
         from tuner.toolchain.logterms import compare_with_log, log_simulator
 
-        cand = Candidate.from_yaml_fields(row.record["candidate"])
+        cand = row.trial_record.candidate
         ws = self.workspace()
         if self._log_sim is None:
             self._log_sim = log_simulator(ws)
@@ -209,14 +208,10 @@ class StudyContext:
 
     def feed_back(self, row: results.Row, accuracy: float, latency_ms: float | None, record: dict) -> int:
         """Add a COMPLETE trial with the trial's parameters and the real value; returns its number."""
-        obj = self.info["objectives"]
+        obj = Objectives.from_dict({**self.info["objectives"], "mode": self.mode})
         lat = latency_ms if latency_ms is not None else row.latency_ms
-        values = {"pareto": [accuracy, lat], "accuracy": [accuracy], "latency": [lat]}[self.mode]
-        constraints = {}
-        if obj.get("min_accuracy") is not None:
-            constraints["min_accuracy"] = float(obj["min_accuracy"]) - accuracy
-        if obj.get("max_latency_ms") is not None:
-            constraints["max_latency_ms"] = lat - float(obj["max_latency_ms"])
+        values = obj.values(accuracy, lat)
+        constraints = obj.constraints(accuracy, lat)
         summary = {k: record.get(k) for k in ("status", "accuracy", "accuracy_source", "latency_ms", "output_cosine",
                                                "sim_accuracy", "when")}
         trial = optuna.trial.create_trial(
@@ -269,7 +264,7 @@ def _now() -> str:
 def choose(rows: list[results.Row], mode: str, top: int | None, numbers: list[int] | None) -> list[results.Row]:
     """Explicit trial numbers; else the Pareto front (most accurate first), cut to ``top`` and
     topped up with the next most accurate feasible trials. Repeats of a simulated candidate are skipped."""
-    originals = [r for r in rows if "duplicate_of" not in r.record]
+    originals = [r for r in rows if not r.duplicate]
     if numbers:
         by_number = {r.number: r for r in rows}
         missing = [n for n in numbers if n not in by_number]

@@ -1,0 +1,51 @@
+"""report.html rendered from a hand-made snapshot: no run, no simulator, no storage."""
+
+import json
+from pathlib import Path
+
+import optuna
+
+from tuner.report.html import render
+from tuner.study.outputs import ReportSnapshot, Trace
+from tuner.study.record import RECORD
+from tuner.study.results import row
+
+RECORDS = json.loads((Path(__file__).parents[1] / "study" / "fixtures" / "records_main_a8e95c4.json").read_text())
+
+
+def snapshot(**kw):
+    dists = {"x": optuna.distributions.CategoricalDistribution(["a", "b"])}
+    study = optuna.create_study(directions=["maximize", "minimize"])    # only to number the trials
+    for i, (name, plan) in enumerate((("original", "baseline: all-BPU int8, max"), ("node_info", None))):
+        rec = RECORDS[name]
+        study.add_trial(optuna.trial.create_trial(params={"x": "ab"[i]}, distributions=dists,
+                                                  values=[rec["accuracy"], rec["latency"]["total_ms"]],
+                                                  user_attrs={RECORD: rec, **({"plan": plan} if plan else {})}))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+    trials = study.get_trials()
+    info = {"mode": "pareto", "objectives": {"min_accuracy": None}, "march": "bayes-e", "version": "test",
+            "fingerprints": {"model": "ab12"}}
+    base = dict(name="hand", info=info, storage="results/hand/study.journal", directions=["maximize", "minimize"],
+                trials=trials, rows=[r for t in trials if t.state.name == "COMPLETE" and (r := row(t))])
+    return ReportSnapshot(**{**base, **kw})
+
+
+def test_render_shows_the_study_from_the_snapshot_alone():
+    page = render(snapshot(sensitivity={"/stem/Conv": 0.1, "/res/Conv": 0.001},
+                           traces=[Trace("trial 1 (exported)", 1, [
+                               {"name": "/stem/Conv", "op_type": "Conv", "on": "BPU", "subgraph": 0, "cosine": 0.999},
+                               {"name": "/res/Conv", "op_type": "Conv", "on": "CPU", "subgraph": None,
+                                "cosine": 0.998}])],
+                           best_yaml="model_parameters: {}\n", notes=["drawn by a test"]))
+    assert "tuner study hand" in page and "drawn by a test" in page
+    assert "Chosen configuration (trial 1)" in page and "/res/Conv" in page     # the node_info table
+    for div in ("pareto", "history", "importances", "sensitivity", "trace"):
+        assert f'id="{div}"' in page or f"{div}: not available yet" in page
+    assert 'id="pareto"' in page and 'id="sensitivity"' in page and 'id="trace"' in page
+    assert "<b>1</b><span>failed</span>" in page and "Exported YAML (best.yaml)" in page
+    assert "results/hand/study.journal" in page and "ab12" in page
+
+
+def test_an_empty_snapshot_renders_with_a_note():
+    page = render(snapshot(trials=[], rows=[]))
+    assert "no completed trial yet" in page and "<h2>Pareto front</h2>" not in page

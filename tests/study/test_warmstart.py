@@ -1,0 +1,61 @@
+"""Warm-start plans from a hand-built space: a real tiny graph, a made-up ranking, no simulation."""
+
+import onnx
+
+from helpers import build_tiny_model, write_tiny_space
+from tuner.candidate import Calibration, Candidate
+from tuner.graph import Graph, load_target
+from tuner.study.space import load_space, resolve
+from tuner.study.warmstart import best_baseline_calibration, reference_calibration, warm_start_plans
+
+SENSITIVITY = {"/head/depth/Conv": 0.5, "/gate/Conv": 0.2, "/stem/Conv": 0.1, "/head/seg/Conv": 0.05}
+
+
+def resolved(tmp_path, extra=""):
+    space = load_space(write_tiny_space(tmp_path, extra))
+    graph = Graph(onnx.shape_inference.infer_shapes(build_tiny_model()))
+    return resolve(space, graph, load_target("bayes-e"), Candidate.make(Calibration(type="max")), SENSITIVITY)
+
+
+def test_baselines_cover_each_calibration_once_then_the_manual_plans(tmp_path):
+    r = resolved(tmp_path)
+    plans = warm_start_plans(r, SENSITIVITY)
+    labels = [label for label, _ in plans]
+    # max and kl, each per-tensor and per-channel; max also with its percentile below 1
+    assert labels[:6] == ["baseline: all-BPU int8, max", "baseline: all-BPU int8, max-percentile:percentile=0.9999",
+                          "baseline: all-BPU int8, max:per_channel",
+                          "baseline: all-BPU int8, max-percentile:percentile=0.9999,per_channel",
+                          "baseline: all-BPU int8, kl:num_bin=1024,max_num_bin=16384",
+                          "baseline: all-BPU int8, kl:num_bin=1024,max_num_bin=16384,per_channel"]
+    manual = [(label, p) for label, p in plans if label.startswith("manual")]
+    assert manual[0][0] == "manual: 1 most sensitive node(s) int16"
+    assert manual[0][1]["node:/head/depth/Conv"] == "BPU:int16"
+    # the tail node on the CPU (the depth head is in the last 20% of the graph)
+    assert any(label == "manual: 1 most sensitive tail node(s) on CPU" and p["node:/head/depth/Conv"] == "CPU"
+               for label, p in manual)
+    keys = [r.candidate(p).key() for _, p in plans]
+    assert len(keys) == len(set(keys))                     # no candidate twice
+
+
+def test_no_manual_plans_without_a_ranking_or_with_warm_start_off(tmp_path):
+    r = resolved(tmp_path)
+    assert all(label.startswith("baseline") for label, _ in warm_start_plans(r, {}))
+    off = resolved(tmp_path / "off", "  warm_start: false\n")
+    assert all(label.startswith("baseline") for label, _ in warm_start_plans(off, SENSITIVITY))
+
+
+def test_manual_plans_take_the_best_scoring_baseline_calibration(tmp_path):
+    r = resolved(tmp_path)
+    plans = warm_start_plans(r, SENSITIVITY)
+    want = Calibration(type="kl", per_channel=True)
+
+    def score(cand):
+        if cand.calibration.type == "max" and cand.calibration.max_percentile:
+            raise RuntimeError("a failing baseline cannot be the best")
+        return 0.99 if cand.calibration == want else 0.5
+
+    assert best_baseline_calibration(r, plans, score) == want
+    manual = [p for label, p in warm_start_plans(r, SENSITIVITY, want) if label.startswith("manual")]
+    assert manual and all(r.candidate(p).calibration == want for p in manual)
+    # nothing scores: the reference calibration (the base YAML's max, per-tensor)
+    assert best_baseline_calibration(r, plans, lambda c: float("nan")) == reference_calibration(r.space, r.base)

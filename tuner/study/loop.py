@@ -1,0 +1,312 @@
+"""The worker loop: trials until the study holds exactly its budget, with any number of workers.
+
+Five layers, outermost first: :func:`run` (a search in this process: resume, warm start,
+progress, outputs, Ctrl-C), :func:`_run_workers` (``--jobs N`` worker processes),
+:func:`work` (one worker on a shared study), :func:`optimize_until` (a session's objective
+under the budget) and :func:`budgeted_optimize`, the core: the budget gate
+(:func:`may_start`) before each trial and :func:`surplus` inside it, over any objective
+and any Optuna storage. Outputs are callbacks with the :class:`Output` protocol.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import optuna
+from optuna.storages import fail_stale_trials
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.study.orphans import reap, stale_enabled, unverifiable
+from tuner.study.session import StudySession
+from tuner.study.space import parse_duration
+
+
+class Output(Protocol):
+    """A callback of the loop (:class:`tuner.study.outputs.ResultFiles`, ``ReportFile``)."""
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> Any: ...
+    def on_progress(self, study: optuna.Study) -> None: ...
+    def finish(self, study: optuna.Study) -> None: ...
+
+
+def duration(text: Any) -> float | None:
+    return parse_duration(text, "--timeout")
+
+
+def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, seed: int | None,
+        progress: bool = True, outputs: list[Output] | None = None) -> tuple[optuna.Study, dict[str, Any]]:
+    """Create or resume the study and optimise until it holds ``n_trials`` completed trials.
+
+    ``outputs`` (default: the session's result files and report) are called after each trial
+    run here (``after_trial``), when other processes' trials complete (``on_progress``) and at
+    the end (``finish``)."""
+    outputs = search.outputs() if outputs is None else outputs
+    study = search.study(seed)
+    zombies = reap_dead(study, search.max_retry)
+    enqueued = search.enqueue_warm_start(study)
+    search.load_done(study)
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    info = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
+    bar = _progress(n_trials, done, timeout) if progress else None
+
+    def on_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state == TrialState.COMPLETE:
+            best = None
+            for out in outputs:
+                best = out.after_trial(st, trial) or best
+            if bar is not None:
+                bar.update(1)
+                if best is not None:
+                    bar.set_postfix_str(f"best #{best.number}: acc {best.accuracy:.4f}, {best.latency_ms:.3f} ms")
+        elif trial.state == TrialState.FAIL:
+            info["failed"] = info.get("failed", 0) + 1
+            if "error" in trial.user_attrs:
+                _say(f"trial {trial.number} failed: {trial.user_attrs['error']}", bar)
+            streak = 0
+            for t in reversed(st.get_trials(deepcopy=False)):
+                if t.state == TrialState.FAIL:
+                    streak += 1
+                elif t.state == TrialState.COMPLETE:
+                    break
+            if streak >= 20:
+                info["stopped"] = f"20 trials in a row failed (last: {trial.user_attrs.get('error', '?')})"
+                st.stop()
+
+    try:
+        if n_trials > done:
+            if jobs <= 1:
+                optimize_until(search, study, n_trials, timeout, [on_trial], lambda: "stopped" in info)
+            else:
+                info["zombies"] += _run_workers(search, study, n_trials, timeout, jobs, seed, bar, outputs)
+    except KeyboardInterrupt:
+        info["interrupted"] = True
+    except Exception:
+        # An interrupt that lands inside Optuna's own trial bookkeeping can surface as another
+        # exception (optuna 5.0 _run_trial: UnboundLocalError); it is still the user's stop.
+        if not STOP.is_set():
+            raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if STOP.is_set():
+        info["interrupted"] = True
+        search.fail_own_running(study)
+    for out in outputs:
+        out.finish(study)
+    return study, info
+
+
+#: Set by the first Ctrl-C / SIGTERM: the study stops after the running trial.
+STOP = threading.Event()
+
+
+def install_stop_handlers(say=None) -> None:
+    """First Ctrl-C or SIGTERM: finish the running trial, then stop. Second: abort it now.
+
+    A KeyboardInterrupt raised at an arbitrary point can land inside Optuna's bookkeeping; a
+    flag checked between trials cannot, so the common case leaves nothing half-written.
+    """
+    def handler(signum, frame):
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        STOP.set()
+        if say:
+            say("stopping after the running trial (Ctrl-C again to abort it)")
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _say(text: str, bar) -> None:
+    if bar is not None and not bar.disable:
+        bar.write(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr)
+
+
+def _progress(total: int, done: int, timeout: float | None):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=min(done, total), unit="trial", file=sys.stderr, dynamic_ncols=True,
+                disable=not sys.stderr.isatty(), desc="trials")
+
+
+def surplus(trial: optuna.Trial, budget: int) -> bool:
+    """Whether this just-started trial is one too many: the completed trials and the running
+    ones started before it (lower numbers) already fill the budget. Two workers that passed
+    the budget gate at the same moment both start a trial; the later-numbered one gives way."""
+    ts = trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+    n = sum(t.state == TrialState.COMPLETE or t.number < trial.number for t in ts)
+    if n < budget:
+        return False
+    fixed = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("fixed_params")
+    if fixed:  # an enqueued trial (warm start, retry): put it back for when a slot frees up
+        trial.study.enqueue_trial(fixed, user_attrs={k: v for k, v in trial.user_attrs.items() if k != "worker"})
+    return True
+
+
+def reap_dead(study: optuna.Study, max_retry: int = 1) -> list[int]:
+    """Orphans of dead processes on this host, for storages without Optuna's heartbeat (journal
+    files). A database storage with heartbeats is left to them: another machine may share this
+    host name, and its live workers' process ids mean nothing here."""
+    return [] if stale_enabled(study) else reap(study, max_retry)
+
+
+def may_start(study: optuna.Study, n_trials: int, deadline: float | None = None, poll: float = 0.5,
+              max_retry: int = 1) -> bool:
+    """Wait until a trial may start: True when the completed and running trials leave room in the
+    budget, False once the study holds ``n_trials`` completed ones (or a stop was asked for).
+
+    While others' trials fill the budget this worker waits rather than starts one more: one of
+    them may fail (or be orphaned, which this loop detects), and then a trial is still needed.
+    A running trial whose worker cannot be checked from here (a journal storage, another host)
+    is not waited for: this worker leaves the remaining slots to it."""
+    while not STOP.is_set() and (deadline is None or time.monotonic() < deadline):
+        ts = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        complete = sum(t.state == TrialState.COMPLETE for t in ts)
+        if complete >= n_trials:
+            return False
+        if len(ts) < n_trials:
+            return True
+        heartbeat = stale_enabled(study)
+        if not heartbeat and any(unverifiable(t) for t in ts if t.state == TrialState.RUNNING):
+            return False
+        time.sleep(poll)
+        if heartbeat:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fail_stale_trials(study)
+        else:
+            reap_dead(study, max_retry)
+    return False
+
+
+def budgeted_optimize(objective: Callable[[optuna.Trial], Any], study: optuna.Study, n_trials: int,
+                      timeout: float | None, callbacks: list, should_stop: Callable[[], bool] = lambda: False,
+                      max_retry: int = 1) -> None:
+    """Run ``objective`` until the study holds exactly ``n_trials`` completed trials, with any
+    number of workers (processes, machines) doing the same: each trial starts only when the
+    budget has room (:func:`may_start`), and a trial started in a race for the last slot gives
+    way (:func:`surplus`). Optuna's MaxTrialsCallback alone lets every worker finish one more.
+    After each trial the trials of dead workers on this host are failed (and re-queued)."""
+    def gated(trial: optuna.Trial):
+        if surplus(trial, n_trials):
+            raise optuna.TrialPruned("the budget was reached by other workers' trials")
+        return objective(trial)
+
+    def reaper(st: optuna.Study, trial: FrozenTrial) -> None:
+        reap_dead(st, max_retry)
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    callbacks = [*callbacks, reaper]
+    while not should_stop() and (deadline is None or time.monotonic() < deadline):
+        if not may_start(study, n_trials, deadline, max_retry=max_retry):
+            break
+        study.optimize(gated, n_trials=1, catch=(Exception,), callbacks=callbacks, gc_after_trial=False)
+
+
+def optimize_until(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None,
+                   callbacks: list, should_stop=lambda: False) -> None:
+    """:func:`budgeted_optimize` with the session's objective."""
+    budgeted_optimize(search.objective, study, n_trials, timeout, callbacks, should_stop, search.max_retry)
+
+
+def work(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None) -> None:
+    """One worker's loop on a shared study, until it holds ``n_trials`` completed trials."""
+    search.load_done(study)
+    reap_dead(study, search.max_retry)
+    files = search.result_files       # the parent process draws the report
+
+    try:
+        optimize_until(search, study, n_trials, timeout, [files.after_trial])
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        if not STOP.is_set():
+            raise
+    if STOP.is_set():
+        search.fail_own_running(study)
+
+
+def _worker(spec: dict[str, Any]) -> None:
+    install_stop_handlers()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        search = StudySession.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
+                             quiet=True)
+        search.heartbeat, search.max_retry = spec["heartbeat"], spec["max_retry"]
+        study = search.study(spec["seed"], create=False)
+    except KeyboardInterrupt:
+        return
+    work(search, study, spec["n_trials"], spec["timeout"])
+
+
+def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None, jobs: int,
+                 seed: int | None, bar, outputs: list[Output] = ()) -> list[int]:
+    """``jobs`` worker processes on one study (processes, not threads: the simulator is CPU-bound).
+
+    Each worker gets cores // jobs onnxruntime threads, so the workers together do not
+    oversubscribe the machine. A worker that dies (``kill -9``, out of memory) has its running
+    trial failed and re-queued at once; returns those trial numbers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = search.ws.threads or max(1, cores // jobs)
+    ctx = mp.get_context("spawn")
+    procs = []
+    for i in range(jobs):
+        spec = {"space": str(search.space.path), "name": search.name, "storage": search.storage_url,
+                "results_dir": str(search.paths.root.parent), "threads": threads,
+                "seed": None if seed is None else seed + i, "n_trials": n_trials, "timeout": timeout,
+                "heartbeat": search.heartbeat, "max_retry": search.max_retry}
+        p = ctx.Process(target=_worker, args=(spec,), daemon=False)
+        p.start()
+        procs.append(p)
+    orphans: list[int] = []
+    reaped: set[int] = set()
+
+    def reap_children() -> None:
+        dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid not in reaped]
+        if dead:
+            reaped.update(dead)
+            search.clean_zombies(study, pids=dead)
+            # the dead workers' trials, failed here or already by a surviving worker
+            for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+                if (t.user_attrs.get("worker") or {}).get("pid") in dead and "error" not in t.user_attrs:
+                    orphans.append(t.number)
+
+    try:
+        seen = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        forwarded = False
+        while any(p.is_alive() for p in procs):
+            time.sleep(0.5)
+            reap_children()
+            if STOP.is_set() and not forwarded:
+                forwarded = True
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()  # SIGTERM: each worker finishes its running trial, then stops
+            now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            if bar is not None and now > seen:
+                bar.update(min(now, n_trials) - min(seen, n_trials))
+            if now > seen:
+                for out in outputs:           # the workers write best.yaml; the parent the report
+                    out.on_progress(study)
+            seen = now
+    except KeyboardInterrupt:  # second Ctrl-C: abort the workers' trials too
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(30)
+        raise
+    for p in procs:
+        p.join()
+    reap_children()
+    return orphans

@@ -1,0 +1,217 @@
+"""The anytime outputs: best.yaml, pareto/, trials.csv, and the report's snapshot.
+
+Handed to the loop as callbacks (:class:`ResultFiles`, :class:`ReportFile`): after every
+completed trial that may change the result they rewrite their files atomically, so a run
+stopped at 3 a.m. still leaves the best configuration found so far. The report itself is
+rendered elsewhere (:func:`tuner.report.html.render`, a pure function of a
+:class:`ReportSnapshot`); this module only gathers the snapshot.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner import __version__
+from tuner.errors import TunerError
+from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
+from tuner.study import results
+from tuner.study.record import TrialRecord
+from tuner.study.storage import StudyPaths, study_info
+from tuner.toolchain.records import real_records
+
+
+@dataclass
+class Trace:
+    """Per-node output cosine along the topological order, for one candidate."""
+
+    label: str
+    trial: int | None
+    nodes: list[dict[str, Any]]     # name, op_type, on, subgraph, cosine
+
+    @classmethod
+    def from_evaluation(cls, label: str, trial: int | None, ev) -> "Trace":
+        return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
+                                   "cosine": r.cosine} for r in ev.nodes])
+
+
+@dataclass
+class ReportSnapshot:
+    """Everything report.html shows, read from a study at one moment (no storage, no simulator)."""
+
+    name: str
+    info: dict[str, Any]                       # the study's tuner attribute (mode, objectives, march, ...)
+    storage: str                               # where the study lives, password redacted
+    directions: list[str]                      # "maximize" / "minimize" per objective
+    trials: list[FrozenTrial]                  # all trials (history, importances, failures)
+    rows: list[results.Row]                    # the completed trials with a record
+    real: dict[int, dict[str, Any]] = field(default_factory=dict)   # trial -> real toolchain record
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    traces: list[Trace] = field(default_factory=list)
+    best_yaml: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: dict[str, float] | None = None,
+             traces: Callable[[list[results.Row]], list[Trace]] | None = None,
+             notes: list[str] | tuple[str, ...] = ()) -> ReportSnapshot:
+    """The report's view of ``study``; ``traces`` (given the rows) when a simulator is at hand."""
+    rs = results.rows(study)
+    return ReportSnapshot(name=study.study_name, info=study_info(study), storage=storage,
+                          directions=[d.name.lower() for d in study.directions],
+                          trials=study.get_trials(deepcopy=False), rows=rs, real=real_records(study),
+                          sensitivity=dict(sensitivity or {}), traces=traces(rs) if traces is not None and rs else [],
+                          best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
+                          notes=list(notes))
+
+
+def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
+                 node_names: set[str] | None, provenance: dict[str, str]) -> list[str]:
+    """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes."""
+    if not base_path.is_file():
+        raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
+    base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+    rec = row.trial_record
+    cfg, notes = merged_config(base_raw, base_path, rec.candidate, out, node_info_supported)
+    check_rules(cfg, out, node_names)
+    header = [f"# hb_mapper makertbin config exported by tuner {__version__} from study {provenance.get('study')!r}, "
+              f"trial {row.number}",
+              f"# simulated accuracy {rec.accuracy:.6f}, modeled latency {rec.latency_ms:.3f} ms, "
+              f"{rec.counts.subgraphs} BPU subgraph(s), {rec.counts.cpu_nodes} CPU node(s), "
+              f"{rec.counts.int16_nodes} int16 node(s); calibration {rec.calibration.method}"]
+    header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
+    header += [f"# note: {n}" for n in notes]
+    write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
+    return notes
+
+
+def trials_csv(rows: list[results.Row]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    task = list(dict.fromkeys(k for r in rows for k in r.trial_record.task))
+    w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes"] + task
+               + ["calibration", "plan"])
+    for r in sorted(rows, key=lambda r: r.number):
+        values = [f"{r.trial_record.task[k]:.6f}" if k in r.trial_record.task else "" for k in task]
+        w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts.subgraphs,
+                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + [r.calibration, r.plan or ""])
+    return buf.getvalue()
+
+
+def default_renderer() -> Callable[[ReportSnapshot], str]:
+    """:func:`tuner.report.html.render`, for a session opened without ``render=``. The one place
+    :mod:`tuner.study` reaches the report layer, at call time: the report imports this module
+    (for :class:`ReportSnapshot`), so a module-level import would be a cycle."""
+    from tuner.report.html import render
+
+    return render
+
+
+class ResultFiles:
+    """best.yaml, pareto/trial_NNNNN.yaml and trials.csv, rewritten when the result changes.
+
+    ``export(row, path)`` writes one trial's YAML (the session's :meth:`export`)."""
+
+    def __init__(self, paths: StudyPaths, mode: str, min_accuracy: float | None,
+                 export: Callable[[results.Row, Path], Any]) -> None:
+        self.paths, self.mode, self.min_accuracy, self.export = paths, mode, min_accuracy, export
+        self._last_written: tuple | None = None
+        self._last_front: list[tuple[float, float]] = []
+        self._last_best: results.Row | None = None
+
+    # the loop's callback protocol
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> results.Row | None:
+        return self.write(study, trial=trial) if trial.state == TrialState.COMPLETE else None
+
+    def on_progress(self, study: optuna.Study) -> None:
+        """Other processes' trials: they write these files themselves."""
+
+    def finish(self, study: optuna.Study) -> None:
+        self.write(study, force=True)
+
+    def _may_change(self, trial: FrozenTrial) -> bool:
+        rec = TrialRecord.of_trial(trial)
+        if rec is None or rec.duplicate_of is not None or any(v > 0 for v in (trial.constraints or {}).values()):
+            return False
+        acc, lat = rec.accuracy, rec.latency_ms
+        return not any(a >= acc and t <= lat and (a > acc or t < lat) for a, t in self._last_front)
+
+    def write(self, study: optuna.Study, force: bool = False, trial: FrozenTrial | None = None) -> results.Row | None:
+        """Rewrite best.yaml, pareto/ and trials.csv when the result changed.
+
+        With the just-finished ``trial``: a trial that is infeasible, a repeat, or strictly
+        dominated by the last written front cannot change the front or the best, so the study
+        is not re-read (that read grows with the study and would run after every trial)."""
+        if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
+            return self._last_best
+        rows = results.rows(study)
+        front = results.pareto(rows)
+        best = results.best(rows, self.mode, self.min_accuracy)
+        self._last_front = [(r.accuracy, r.latency_ms) for r in front]
+        self._last_best = best
+        state = (best.number if best else None, tuple(r.number for r in front))
+        if not force and state == self._last_written:
+            return best
+        self._last_written = state
+        if best is not None:
+            self.export(best, self.paths.best)
+        self.paths.pareto.mkdir(parents=True, exist_ok=True)
+        keep = set()
+        for r in front:
+            out = self.paths.pareto / f"trial_{r.number:05d}.yaml"
+            keep.add(out.name)
+            if not out.exists():
+                self.export(r, out)
+        for old in self.paths.pareto.glob("trial_*.yaml"):
+            if old.name not in keep:
+                old.unlink(missing_ok=True)
+        write_atomic(self.paths.trials_csv, trials_csv(rows))
+        return best
+
+
+class ReportFile:
+    """report.html, rewritten at most every ``every`` seconds (or ten times as long as the last
+    one took) and at the end. ``write(force)`` draws it; a report that fails to draw is a
+    warning, never the end of an overnight search."""
+
+    def __init__(self, write: Callable[[optuna.Study], Path | None], every: float = 30.0, warn=None) -> None:
+        self._write, self.every, self.warn = write, every, warn
+        self._at: float | None = None
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.state == TrialState.COMPLETE:
+            self.write(study)
+
+    def on_progress(self, study: optuna.Study) -> None:
+        self.write(study)
+
+    def finish(self, study: optuna.Study) -> None:
+        self.write(study, force=True)
+
+    def write(self, study: optuna.Study, force: bool = False) -> Path | None:
+        now = time.monotonic()
+        if not force and self._at is not None and now < self._at:
+            return None
+        self._at = now + self.every
+        try:
+            out = self._write(study)
+            # On a big model the per-node traces take seconds: keep the report under ~10% of the search.
+            self._at = max(self._at, now + 10 * (time.monotonic() - now))
+            return out
+        except TunerError:
+            raise
+        except Exception as exc:
+            if self.warn is not None:
+                self.warn(f"warning: report.html not written: {type(exc).__name__}: {exc}")
+            return None
+
+

@@ -1,0 +1,187 @@
+"""What a trial found, as typed values with one JSON codec.
+
+A completed trial stores its :class:`TrialRecord` as the user attribute ``record`` (JSON:
+what every Optuna storage keeps, and what optuna-dashboard shows). Everything that reads a
+study (the anytime outputs, ``tuner status``/``export``/``verify``, the report) decodes it
+with :meth:`TrialRecord.from_json` and reads attributes, never string keys; the JSON shape
+is the one studies have always stored, so old studies still open
+(tests/study/fixtures/records_main_a8e95c4.json holds records as they were written).
+
+:class:`Objectives` is the space's ``objectives`` section as one value: the study's
+directions, a trial's objective values and its constraints are derived here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from tuner.candidate import Candidate
+
+RECORD = "record"   # the trial user attribute holding TrialRecord.to_json()
+
+MODES = ("pareto", "accuracy", "latency")
+
+
+@dataclass(frozen=True)
+class Latency:
+    """The modeled latency breakdown (:meth:`tuner.cost.latency.Latency.as_dict`)."""
+
+    total_ms: float
+    bpu_ms: float
+    cpu_ms: float
+    switch_ms: float
+    subgraphs: int
+    boundary_tensors: int
+
+    _KEYS = ("total_ms", "bpu_ms", "cpu_ms", "switch_ms", "subgraphs", "boundary_tensors")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Latency":
+        return cls(**{k: d[k] for k in cls._KEYS})
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._KEYS}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """BPU subgraphs, CPU nodes and int16 nodes of the simulated plan."""
+
+    subgraphs: int
+    cpu_nodes: int
+    int16_nodes: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Counts":
+        return cls(subgraphs=d["subgraphs"], cpu_nodes=d["cpu_nodes"], int16_nodes=d["int16_nodes"])
+
+    def to_json(self) -> dict[str, int]:
+        return {"subgraphs": self.subgraphs, "cpu_nodes": self.cpu_nodes, "int16_nodes": self.int16_nodes}
+
+
+@dataclass(frozen=True)
+class CalibrationUsed:
+    """The method string hb_mapper would log (``method``: what default/mix chose) and the one asked for."""
+
+    method: str
+    requested: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"method": self.method, "requested": self.requested}
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One simulated candidate's outcome. Treat the mappings as read-only."""
+
+    key: str                                   # Candidate.key()
+    accuracy: float                            # the objective's accuracy metric
+    outputs: Mapping[str, Mapping[str, float]]  # per model output: cosine, sqnr_db, max_abs, l1, l2
+    task: Mapping[str, float]                  # task metrics (objective's and objectives.report)
+    latency: Latency
+    counts: Counts
+    calibration: CalibrationUsed
+    candidate_fields: Mapping[str, Any]        # Candidate.to_yaml_fields()
+    cpu_nodes: tuple[str, ...]
+    notes: tuple[str, ...]
+    seconds: float
+    duplicate_of: int | None = None            # answered from this earlier trial's result
+    extra: Mapping[str, Any] = field(default_factory=dict)   # keys this version does not know, kept as found
+
+    @property
+    def latency_ms(self) -> float:
+        return self.latency.total_ms
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate.from_yaml_fields(dict(self.candidate_fields))
+
+    @property
+    def node_info(self) -> dict[str, dict[str, str]]:
+        return dict((self.candidate_fields.get("model_parameters") or {}).get("node_info") or {})
+
+    def as_duplicate_of(self, number: int) -> "TrialRecord":
+        return replace(self, duplicate_of=number)
+
+    # ------------------------------------------------------------------ the codec
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "TrialRecord":
+        known = {"key", "accuracy", "outputs", "task", "latency", "counts", "calibration", "candidate",
+                 "cpu_nodes", "notes", "seconds", "duplicate_of"}
+        cal = d.get("calibration") or {}
+        return cls(key=d["key"], accuracy=d["accuracy"], outputs=d.get("outputs", {}), task=d.get("task", {}),
+                   latency=Latency.from_json(d["latency"]), counts=Counts.from_json(d["counts"]),
+                   calibration=CalibrationUsed(method=cal["method"], requested=cal.get("requested", cal["method"])),
+                   candidate_fields=d["candidate"], cpu_nodes=tuple(d.get("cpu_nodes", ())),
+                   notes=tuple(d.get("notes", ())), seconds=d.get("seconds", 0.0),
+                   duplicate_of=d.get("duplicate_of"), extra={k: v for k, v in d.items() if k not in known})
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored shape, key order included (a record written before this codec existed
+        comes back unchanged)."""
+        out = {"key": self.key, "accuracy": self.accuracy, "outputs": _plain(self.outputs), "task": dict(self.task),
+               "latency": self.latency.to_json(), "counts": self.counts.to_json(),
+               "calibration": self.calibration.to_json(), "candidate": _plain(self.candidate_fields),
+               "cpu_nodes": list(self.cpu_nodes), "notes": list(self.notes), "seconds": self.seconds,
+               **_plain(self.extra)}
+        if self.duplicate_of is not None:
+            out["duplicate_of"] = self.duplicate_of
+        return out
+
+    @classmethod
+    def of_trial(cls, trial) -> "TrialRecord | None":
+        """The record of an Optuna trial (Frozen or live), or None when it has none."""
+        d = trial.user_attrs.get(RECORD)
+        return cls.from_json(d) if d else None
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """The space's ``objectives`` section: what is optimised and what is feasible."""
+
+    mode: str = "pareto"                 # pareto: accuracy up, latency down | accuracy | latency
+    accuracy: str = "mean_cosine"        # the accuracy metric (tuner.metrics.accuracy)
+    report: tuple[str, ...] = ()         # task metrics recorded with every trial
+    min_accuracy: float | None = None    # feasibility floor
+    max_latency_ms: float | None = None  # feasibility ceiling
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"objectives.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Objectives":
+        """From a space file's section or a study's stored ``objectives`` attribute."""
+        return cls(mode=d.get("mode", "pareto"), accuracy=d.get("accuracy", "mean_cosine"),
+                   report=tuple(d.get("report") or ()), min_accuracy=d.get("min_accuracy"),
+                   max_latency_ms=d.get("max_latency_ms"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as a study stores it (``tuner`` study attribute, key ``objectives``)."""
+        return {"mode": self.mode, "accuracy": self.accuracy, "report": list(self.report),
+                "min_accuracy": self.min_accuracy, "max_latency_ms": self.max_latency_ms}
+
+    def directions(self) -> list[str]:
+        return {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"], "latency": ["minimize"]}[self.mode]
+
+    def values(self, accuracy: float, latency_ms: float) -> list[float]:
+        """A trial's objective values, in the order of :meth:`directions`."""
+        return {"pareto": [accuracy, latency_ms], "accuracy": [accuracy], "latency": [latency_ms]}[self.mode]
+
+    def constraints(self, accuracy: float, latency_ms: float) -> dict[str, float]:
+        """Optuna constraints (feasible when every value is <= 0); empty without a floor or ceiling."""
+        out = {}
+        if self.min_accuracy is not None:
+            out["min_accuracy"] = float(self.min_accuracy) - accuracy
+        if self.max_latency_ms is not None:
+            out["max_latency_ms"] = latency_ms - float(self.max_latency_ms)
+        return out

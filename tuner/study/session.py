@@ -1,0 +1,382 @@
+"""The study session: one process's view of a study over a resolved space.
+
+:class:`StudySession` loads everything once (workspace, cost model, sensitivity,
+decisions), creates or resumes the study (refusing to resume one made from other inputs),
+enqueues the warm start, and is the objective: each trial's candidate is simulated, or
+answered from the stored result when an equal candidate ran before (here or in another
+worker). Its outputs (:mod:`tuner.study.outputs`) are the loop's callbacks; the loop
+itself is :mod:`tuner.study.loop`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from tuner import __version__
+from tuner.candidate import Calibration, Candidate
+from tuner.cost import CostModel
+from tuner.cost.latency import load_profile
+from tuner.errors import TunerError
+from tuner.export.hb_yaml import write_atomic
+from tuner.inputs.config import load_config
+from tuner.inputs.model import file_fingerprint
+from tuner.metrics.accuracy import accuracy
+from tuner.study import results
+from tuner.study.orphans import reap, tag_trials
+from tuner.study.outputs import (ReportFile, ReportSnapshot, ResultFiles, Trace, default_renderer, export_trial,
+                                 snapshot)
+from tuner.study.record import RECORD, CalibrationUsed, Counts, Latency, Objectives, TrialRecord
+from tuner.study.space import ResolvedSpace, SearchSpace, load_space, resolve
+from tuner.study.storage import (FINGERPRINTS, HEARTBEAT_S, SENSITIVITY_ATTR, STUDY_ATTR, StudyPaths, load_study,
+                                 make_storage, redact, study_info)
+from tuner.study.warmstart import (Plan, best_baseline_calibration, node_sensitivity, reference_calibration,
+                                   warm_start_plans)
+from tuner.workspace import Workspace, progress_printer
+
+
+@dataclass
+class StudySession:
+    space: SearchSpace
+    ws: Workspace
+    resolved: ResolvedSpace
+    cost: CostModel
+    paths: StudyPaths
+    name: str
+    storage_url: str | None
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    heartbeat: float | None = None  # database storages: seconds between heartbeats (None: HEARTBEAT_S)
+    max_retry: int = 1              # times a trial orphaned by a dead worker is re-queued
+    _done: dict[str, tuple[int, list[float], TrialRecord]] = field(default_factory=dict)
+    _seen: set[int] = field(default_factory=set)
+    render: Callable[[ReportSnapshot], str] | None = None   # report.html from a snapshot (the caller's)
+    _results: ResultFiles | None = None
+    _report: ReportFile | None = None
+    _traces: dict[str, Any] = field(default_factory=dict)
+    _manual_cal: Calibration | None = None
+    _evaluated: dict[str, Any] = field(default_factory=dict)  # baselines evaluated before their trials ran
+
+    # ---------------------------------------------------------------- set-up
+    @classmethod
+    def open(cls, space_path: str | Path, name: str | None = None, storage: str | None = None,
+             results_dir: str | Path = "results", threads: int | None = None, quiet: bool = False,
+             sensitivity: dict[str, float] | None = None,
+             render: Callable[[ReportSnapshot], str] | None = None) -> "StudySession":
+        """``sensitivity``: the study's stored ranking (a worker joining it), instead of computing one."""
+        space = load_space(space_path)
+        name = name or space.name
+        paths = StudyPaths(Path(results_dir) / name)
+        ws = Workspace.for_space(space, threads=threads,
+                                 progress=None if quiet else progress_printer("calibration statistics"))
+        base = ws.base_candidate()
+        cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
+        if sensitivity is None:
+            sensitivity = {}
+            if space.nodes["top_k"] is not None or space.study["warm_start"]:
+                sensitivity = node_sensitivity(space, ws, paths.sensitivity,
+                                               None if quiet else progress_printer("node sensitivity"))
+        resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
+        return cls(space=space, ws=ws, resolved=resolved, cost=cost, paths=paths, name=name, storage_url=storage,
+                   sensitivity=sensitivity, render=render)
+
+    def fingerprints(self) -> dict[str, str]:
+        return {"model": self.ws.model.fingerprint, "data": self.ws.calibration_data.fingerprint(),
+                "eval_data": self.ws.eval_data.fingerprint(), "base_config": file_fingerprint(self.space.base),
+                "space": self.resolved.fingerprint()}
+
+    @property
+    def objectives(self) -> Objectives:
+        return Objectives.from_dict(self.space.objectives)
+
+    @property
+    def mode(self) -> str:
+        return self.objectives.mode
+
+    def directions(self) -> list[str]:
+        return self.objectives.directions()
+
+    def sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
+        """The space's sampler, recording each trial's worker when the trial is created."""
+        kind = self.space.study["sampler"]
+        if kind == "random":
+            return tag_trials(optuna.samplers.RandomSampler(seed=seed))
+        if kind == "nsga2":
+            return tag_trials(optuna.samplers.NSGAIISampler(seed=seed))
+        # Multivariate TPE models interactions between node decisions (the 5.0 multi-objective
+        # default is independent TPE, ~8x slower per trial at 200 parameters); constant_liar keeps
+        # parallel workers from proposing the same candidate.
+        return tag_trials(optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                                     n_startup_trials=max(10, len(self.warm_start_plans()))))
+
+    def study(self, seed: int | None = None, create: bool = True) -> optuna.Study:
+        storage = make_storage(self.storage_url, self.paths, HEARTBEAT_S if self.heartbeat is None else self.heartbeat,
+                               self.max_retry)
+        attrs = {"version": __version__, "name": self.name, "mode": self.mode,
+                 "objectives": self.objectives.to_dict(), "space_path": str(self.space.path.resolve()),
+                 "base_path": str(self.space.base), "march": self.ws.target.march,
+                 "node_info_supported": self.ws.node_info_supported, "fingerprints": self.fingerprints()}
+        try:
+            study = optuna.load_study(study_name=self.name, storage=storage, sampler=self.sampler(seed))
+        except KeyError:
+            if not create:
+                raise TunerError(f"no study named {self.name!r} in {self._where()}") from None
+            study = optuna.create_study(study_name=self.name, storage=storage, directions=self.directions(),
+                                        sampler=self.sampler(seed))
+            study.set_user_attr(STUDY_ATTR, attrs)
+            study.set_user_attr(SENSITIVITY_ATTR, self.sensitivity)
+            return study
+        stored = study.user_attrs.get(STUDY_ATTR)
+        if not stored:
+            raise TunerError(f"study {self.name!r} in {self._where()} was not made by tuner; use another --study name")
+        changed = [k for k in FINGERPRINTS if stored["fingerprints"].get(k) != attrs["fingerprints"][k]]
+        if changed and not create:
+            # A worker joining a study: say which of this machine's files differ.
+            detail = "; ".join(f"{self._input_path(k)} (sha256 {attrs['fingerprints'][k][:12]}) is not the study's "
+                               f"{k.replace('_', ' ')} (sha256 {str(stored['fingerprints'].get(k, '?'))[:12]})"
+                               for k in changed)
+            raise TunerError(f"cannot join study {self.name!r}: {detail}; copy the study's files to this machine "
+                             "(same model, data, base YAML and space), or point --space at the right space file")
+        if changed:
+            detail = ", ".join(f"{k} {stored['fingerprints'].get(k, '?')[:12]} -> {attrs['fingerprints'][k][:12]}"
+                               for k in changed)
+            raise TunerError(f"study {self.name!r} was made from other inputs ({detail}); continuing would mix results "
+                             f"of different problems: restore the inputs, or start a new study with --study NEW_NAME")
+        if [d.name.lower() for d in study.directions] != self.directions():
+            raise TunerError(f"study {self.name!r} optimises {[d.name.lower() for d in study.directions]}, the space "
+                             f"asks for {self.directions()}; use --study NEW_NAME")
+        n = len(study.get_trials(deepcopy=False))
+        if seed is not None and n:
+            # Resuming: a sampler seeded as at the start would make its first proposals again
+            # (RandomSampler, TPE's random draws); they come back as duplicates that use up the
+            # budget. Seed from (seed, trials so far) instead: reproducible, never a replay.
+            study.sampler = self.sampler(resume_seed(seed, n))
+        return study
+
+    def _input_path(self, key: str) -> str:
+        """The local file(s) behind a fingerprint, for messages."""
+        if key == "model":
+            return f"model {self.ws.model.path}"
+        if key == "data":
+            return "calibration data " + ", ".join(str(i.folder) for i in self.ws.calibration_data.inputs)
+        if key == "base_config":
+            return f"base YAML {self.space.base}"
+        return f"search space {self.space.path} (as resolved on this model)"
+
+    def _where(self) -> str:
+        return redact(self.storage_url) if self.storage_url else str(self.paths.journal)
+
+    # ---------------------------------------------------------------- warm start
+    def warm_start_plans(self, manual_calibration: Calibration | None = None) -> list[Plan]:
+        """See :func:`tuner.study.warmstart.warm_start_plans`."""
+        return warm_start_plans(self.resolved, self.sensitivity, manual_calibration)
+
+    def manual_calibration(self) -> Calibration:
+        """The calibration of the manual plans (:func:`~tuner.study.warmstart.best_baseline_calibration`).
+        Costs one evaluation per baseline; each is kept for its enqueued trial."""
+        if self._manual_cal is None:
+            def score(cand: Candidate) -> float:
+                ev = self.ws.simulator.evaluate(cand)
+                self._evaluated[cand.key()] = ev     # its enqueued trial takes it, not a second run
+                return accuracy(ev.outputs, self.objectives.accuracy, ev.task)
+
+            self._manual_cal = best_baseline_calibration(self.resolved, self.warm_start_plans(), score)
+        return self._manual_cal
+
+    def enqueue_warm_start(self, study: optuna.Study) -> int:
+        if study.get_trials(deepcopy=False):
+            return 0
+        plans = self.warm_start_plans(self.manual_calibration() if self.space.study["warm_start"] and self.sensitivity
+                                      else None)
+        for label, params in plans:
+            study.enqueue_trial(params, user_attrs={"plan": label}, skip_if_exists=True)
+        return len(plans)
+
+    # ---------------------------------------------------------------- trials
+    def clean_zombies(self, study: optuna.Study, pids=None) -> list[int]:
+        """RUNNING trials whose worker process on this host is gone -> FAIL (re-queued ``max_retry`` times)."""
+        return reap(study, self.max_retry, pids)
+
+    def fail_own_running(self, study: optuna.Study) -> None:
+        """After an abort: this process's trials still RUNNING become FAIL (storage consistent)."""
+        host, pid = socket.gethostname(), os.getpid()
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            w = t.user_attrs.get("worker") or {}
+            if w.get("host") == host and w.get("pid") == pid:
+                try:
+                    study.tell(t.number, state=TrialState.FAIL)
+                except Exception:
+                    pass
+
+    def load_done(self, study: optuna.Study) -> None:
+        """Index the completed trials not indexed yet by candidate key (incremental: other
+        workers' trials arrive between calls; the storage is read, not re-simulated)."""
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.number in self._seen:
+                continue
+            self._seen.add(t.number)
+            rec = TrialRecord.of_trial(t)
+            if rec is not None and t.values is not None and rec.duplicate_of is None:
+                self._done.setdefault(rec.key, (t.number, list(t.values), rec))
+
+    def lookup(self, study: optuna.Study, key: str) -> tuple[int, list[float], TrialRecord] | None:
+        """The stored result of a candidate already evaluated, by this worker or any other."""
+        if key not in self._done:
+            self.load_done(study)
+        return self._done.get(key)
+
+    def objective(self, trial: optuna.Trial) -> list[float] | float:
+        # Who runs this trial is recorded by the study's sampler when the trial is created
+        # (``tag_trials`` in :meth:`sampler`; a trial of a dead process is an orphan, see orphans.py).
+        r = self.resolved
+        params = {d.param: trial.suggest_categorical(d.param, list(d.choices)) for d in r.decisions}
+        for name, values in r.calibration_params.items():
+            params[name] = trial.suggest_categorical(name, values)
+        cand = r.candidate(params)
+        key = cand.key()
+        hit = self.lookup(trial.study, key)
+        if hit is not None:
+            # The same configuration was already simulated (here or by another worker):
+            # answer from the stored result.
+            number, values, source = hit
+            self._constrain(trial, source.accuracy, source.latency_ms)
+            trial.set_user_attr(RECORD, source.as_duplicate_of(number).to_json())
+            return values if len(values) > 1 else values[0]
+        try:
+            ev = self._evaluated.pop(key, None) or self.ws.simulator.evaluate(cand)
+            acc = accuracy(ev.outputs, self.objectives.accuracy, ev.task)
+            if not math.isfinite(acc):
+                raise FloatingPointError(f"accuracy is {acc}")
+        except Exception as exc:
+            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+            raise
+        lat = self.cost.latency(ev.plan)
+        record = TrialRecord(key=key, accuracy=acc, outputs=ev.outputs, task=ev.task,
+                             latency=Latency.from_json(lat.as_dict()), counts=Counts.from_json(ev.counts()),
+                             calibration=CalibrationUsed(method=ev.calibration.describe(),
+                                                         requested=cand.calibration.describe()),
+                             candidate_fields=cand.to_yaml_fields(), cpu_nodes=tuple(ev.plan.cpu_nodes),
+                             notes=tuple(ev.notes[:20]), seconds=ev.seconds)
+        trial.set_user_attr(RECORD, record.to_json())
+        self._constrain(trial, acc, lat.total_ms)
+        values = self.objectives.values(acc, lat.total_ms)
+        self._done[key] = (trial.number, values, record)
+        self._seen.add(trial.number)
+        return values if len(values) > 1 else values[0]
+
+    def _constrain(self, trial: optuna.Trial, acc: float, lat_ms: float) -> None:
+        for name, value in self.objectives.constraints(acc, lat_ms).items():
+            trial.set_constraint(name, value)
+
+    # ---------------------------------------------------------------- outputs
+    def outputs(self) -> list:
+        """The loop's callbacks of a search in this process: result files and the report."""
+        return [self.result_files, self.report_file]
+
+    @property
+    def result_files(self) -> ResultFiles:
+        if self._results is None:
+            self._results = ResultFiles(self.paths, self.mode, self.objectives.min_accuracy, self.export)
+        return self._results
+
+    @property
+    def report_file(self) -> ReportFile:
+        if self._report is None:
+            self._report = ReportFile(self._draw_report, warn=lambda text: print(text, file=sys.stderr))
+        return self._report
+
+    def write_results(self, study: optuna.Study, force: bool = False,
+                      trial: optuna.trial.FrozenTrial | None = None) -> results.Row | None:
+        """Rewrite best.yaml, pareto/ and trials.csv when the result changed (:class:`ResultFiles`)."""
+        return self.result_files.write(study, force=force, trial=trial)
+
+    def write_report(self, study: optuna.Study, force: bool = False) -> Path | None:
+        """Rewrite report.html (rate-limited unless ``force``; :class:`ReportFile`)."""
+        return self.report_file.write(study, force=force)
+
+    def _draw_report(self, study: optuna.Study) -> Path:
+        render = self.render or default_renderer()
+        snap = snapshot(study, self.paths, self._where(), self.sensitivity, self.traces)
+        write_atomic(self.paths.report, render(snap))
+        return self.paths.report
+
+    def traces(self, rs: list[results.Row]) -> list[Trace]:
+        """Per-node cosine along the graph for the exported trial and the all-int8 baseline
+        (two evaluations with every node's output; cached by candidate, so a rewrite that
+        does not change the best costs nothing)."""
+        want = []
+        best = results.best(rs, self.mode, self.objectives.min_accuracy)
+        if best is not None:
+            want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))
+        base = [r for r in rs if r.plan and r.plan.startswith("baseline")]
+        if base:
+            b = min(base, key=lambda r: r.number)
+            want.append((f"all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number,
+                         b.trial_record.candidate))
+        else:
+            ref = self.resolved.candidate(self.resolved.params_for(reference_calibration(self.space,
+                                                                                          self.resolved.base)))
+            want.append(("all-BPU int8 baseline", None, ref))
+        out = []
+        for label, number, cand in want:
+            key = cand.key()
+            if key not in self._traces:
+                self._traces[key] = self.ws.simulator.evaluate(cand, per_node=True)
+            out.append(Trace.from_evaluation(label, number, self._traces[key]))
+        return out
+
+    def export(self, row: results.Row, out: Path) -> list[str]:
+        return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
+                            {"study": self.name, **self.fingerprints()})
+
+
+def resume_seed(seed: int, n_trials: int) -> int:
+    return int(np.random.SeedSequence([seed, n_trials]).generate_state(1)[0])
+
+
+def join_study(name: str, storage: str | None, space: str | Path | None = None, results_dir: str | Path = "results",
+               threads: int | None = None, heartbeat: float | None = None, max_retry: int = 1,
+               quiet: bool = True, render: Callable[[ReportSnapshot], str] | None = None) -> StudySession:
+    """A worker's view of an existing study, made from this machine's files.
+
+    The space file is the one given, else the path the study recorded (the same machine, or
+    the same layout). Its model, data, base YAML and resolved space are fingerprinted here and
+    compared with the study's: a worker with other inputs would add results of another problem."""
+    paths = StudyPaths(Path(results_dir) / name)
+    if storage is None and not paths.journal.exists():
+        raise TunerError(f"no study {name!r}: {paths.journal} does not exist; pass --storage URL (the study's "
+                         "database) or --results-dir")
+    study = load_study(name, storage, paths, " (start it with 'tuner search SPACE --storage URL')", heartbeat=None)
+    info = study_info(study)
+    space_path = Path(space) if space is not None else Path(info["space_path"])
+    if not space_path.is_file():
+        raise TunerError(f"the study's space file {space_path} is not on this machine; pass --space PATH to this "
+                         "machine's copy (with the model, data and base YAML beside it as on the first machine)")
+    _check_files_early(name, space_path, info.get("fingerprints", {}))
+    search = StudySession.open(space_path, name, storage, results_dir, threads, quiet=quiet,
+                         sensitivity=study.user_attrs.get(SENSITIVITY_ATTR), render=render)
+    search.heartbeat, search.max_retry = heartbeat, max_retry
+    return search
+
+
+def _check_files_early(name: str, space_path: Path, stored: dict[str, str]) -> None:
+    """The model and base YAML are compared before the workspace is built (calibration
+    statistics of a big model take minutes); data and the resolved space are checked after."""
+    space = load_space(space_path)
+    files = {"base_config": ("base YAML", space.base)}
+    files["model"] = ("model", load_config(space.base).onnx_model)
+    for key, (what, path) in files.items():
+        have = file_fingerprint(path) if path is not None and path.is_file() else "missing"
+        if key in stored and have != stored[key]:
+            raise TunerError(f"cannot join study {name!r}: {what} {path} (sha256 {have[:12]}) is not the study's "
+                             f"{what} (sha256 {stored[key][:12]}); copy the study's files to this machine (same "
+                             "model, data, base YAML and space), or point --space at the right space file")

@@ -1,0 +1,156 @@
+"""Where a study lives: its folder, its Optuna storage, its tuner attributes.
+
+The bottom layer of :mod:`tuner.study`: paths of the anytime outputs, the storage behind a
+URL (journal file by default, any Optuna database URL), redaction of passwords for
+messages, and opening a study that exists (``tuner status``/``export``/``report``/``verify``,
+a joining worker). Nothing here knows about trials' contents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+from tuner.errors import TunerError
+from tuner.study.orphans import rdb_heartbeat_kwargs
+
+STUDY_ATTR = "tuner"
+SENSITIVITY_ATTR = "tuner_sensitivity"  # the node ranking the space was resolved with (workers reuse it)
+FINGERPRINTS = ("model", "data", "base_config", "space")
+
+
+@dataclass
+class StudyPaths:
+    root: Path
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "study.journal"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best.yaml"
+
+    @property
+    def pareto(self) -> Path:
+        return self.root / "pareto"
+
+    @property
+    def sensitivity(self) -> Path:
+        return self.root / "sensitivity.json"
+
+    @property
+    def trials_csv(self) -> Path:
+        return self.root / "trials.csv"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+
+#: Seconds between a worker's heartbeats in a database storage; a RUNNING trial whose worker
+#: has been silent for GRACE_FACTOR heartbeats is failed (and retried) by the next worker to ask.
+HEARTBEAT_S = 20
+GRACE_FACTOR = 3
+
+
+def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = HEARTBEAT_S, max_retry: int = 1):
+    """Default: an Optuna journal file in the study folder (multi-process safe, cheap writes);
+    else any Optuna storage URL (sqlite:///..., postgresql://...) or a journal file path.
+
+    Database storages get Optuna's heartbeat: a worker killed with ``kill -9`` or a machine
+    lost mid-trial leaves a trial whose heartbeat stops, and the next worker to start a trial
+    marks it failed and re-queues it (``max_retry`` times). Journal files have no heartbeat in
+    Optuna; their orphans are found by process id instead (:mod:`tuner.study.orphans`)."""
+    if url is None:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        return journal_storage(paths.journal)
+    if "://" in url:
+        kwargs = rdb_heartbeat_kwargs(heartbeat, GRACE_FACTOR, max_retry)
+        engine = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        try:
+            return RDBStorage(url, engine_kwargs=engine, **kwargs)
+        except Exception as exc:  # bad URL, missing driver, unreachable server
+            hint = ("; install the driver: pip install 'tuner[postgres]'"
+                    if isinstance(exc, ImportError) and url.startswith("postgres") else "")
+            raise TunerError(f"--storage: cannot open {redact(url)}: {type(exc).__name__}: "
+                             f"{_redact_text(str(exc), url)}{hint}") from None
+    path = Path(url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return journal_storage(path)
+
+
+def journal_storage(path: Path) -> JournalStorage:
+    """A journal file storage that survives ``kill -9`` of a writer.
+
+    The path is made absolute: Optuna's symlink lock stats its target through the link, and a
+    relative target resolves against the link's folder, so a stale lock left by a killed
+    process was never recognised and the next writer spun forever. A live writer holds the
+    lock for milliseconds, so a lock older than 10 s is reclaimed.
+    """
+    path = path.resolve()
+    lock = JournalFileSymlinkLock(str(path), grace_period=10)
+    return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password, for messages and reports."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def _redact_text(text: str, url: str) -> str:
+    """``text`` (a driver's error message) with the URL's password replaced."""
+    if "://" in url and "@" in url:
+        creds = url.split("://", 1)[1].rsplit("@", 1)[0]
+        if ":" in creds:
+            password = creds.split(":", 1)[1]
+            if password:
+                text = text.replace(password, "***")
+    return text.replace(url, redact(url))
+
+
+def study_info(study: optuna.Study) -> dict[str, Any]:
+    """The ``tuner`` attribute a study was created with (inputs, objectives, fingerprints)."""
+    info = study.user_attrs.get(STUDY_ATTR)
+    if not info:
+        raise TunerError(f"study {study.study_name!r} was not made by tuner")
+    return info
+
+
+def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path = "results") -> tuple[optuna.Study, StudyPaths]:
+    """A study by name (``results/<name>``) or by its folder, for status and export."""
+    p = Path(name_or_dir)
+    if p.is_dir() and (p / "study.journal").exists() and storage is None:
+        paths = StudyPaths(p)
+        name = p.name
+    else:
+        paths = StudyPaths(Path(results_dir) / name_or_dir)
+        name = name_or_dir
+        if storage is None and not paths.journal.exists():
+            raise TunerError(f"no study {name_or_dir!r}: {paths.journal} does not exist (pass --storage URL for a "
+                             "study in a database)")
+    return load_study(name, storage, paths), paths
+
+
+def load_study(name: str, storage: str | None, paths: StudyPaths, hint: str = "",
+                heartbeat: float | None = HEARTBEAT_S) -> optuna.Study:
+    """The study ``name`` in ``storage`` (default: the journal in ``paths``), or one line naming
+    the studies that storage does hold (then ``hint``)."""
+    stor = make_storage(storage, paths, heartbeat=heartbeat)
+    try:
+        return optuna.load_study(study_name=name, storage=stor)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
+        raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; "
+                         f"it has {', '.join(names) or 'none'}{hint}") from None
+

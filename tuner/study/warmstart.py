@@ -1,0 +1,117 @@
+"""The warm start: the trials a study begins with, from a resolved space and the node ranking.
+
+Baselines first (all-BPU int8 under each calibration the space allows), then the usual
+manual fixes (the most sensitive nodes to int16, sensitive tail nodes to the CPU) under
+the calibration a user would start from. Pure functions of the resolved space, the
+sensitivity ranking and, for choosing that calibration, a scoring function (the session
+passes one that simulates).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tuner.candidate import Calibration, Candidate
+from tuner.sensitivity import cached_sensitivity, leave_one_float
+from tuner.study.space import ResolvedSpace, SearchSpace, free_nodes
+
+Plan = tuple[str, dict[str, Any]]   # (label, Optuna parameters)
+
+
+def reference_calibration(space: SearchSpace, base: Candidate) -> Calibration:
+    """The calibration the sensitivity ranking and manual plans use: the base YAML's if it is
+    an explicit method in the space, else the space's first."""
+    c = space.calibration
+    if base.calibration.type in ("max", "kl") and base.calibration.type in c["calibration_type"]:
+        return Calibration(type=base.calibration.type, max_percentile=base.calibration.max_percentile,
+                           per_channel=base.calibration.per_channel if base.calibration.per_channel in c["per_channel"]
+                           else c["per_channel"][0])
+    ctype = next((t for t in c["calibration_type"] if t in ("max", "kl")), "max")
+    return Calibration(type=ctype, per_channel=c["per_channel"][0])
+
+
+def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
+                     manual_calibration: Calibration | None = None) -> list[Plan]:
+    """Baselines first: all-BPU int8 under each calibration, then the usual manual fixes under
+    ``manual_calibration`` (default: the reference calibration of the sensitivity ranking).
+    Plans that make the same candidate are listed once."""
+    space = r.space
+    c = space.calibration
+    plans: list[Plan] = []
+    seen = set()
+
+    def add(label: str, params: dict[str, Any]) -> None:
+        key = r.candidate(params).key()
+        if key not in seen:
+            seen.add(key)
+            plans.append((label, params))
+
+    pcts = [p for p in c["max_percentile"] if Calibration(type="max", max_percentile=p).max_percentile is not None]
+    for ctype in c["calibration_type"]:
+        for pc in (c["per_channel"] if ctype in ("max", "kl") else [False]):
+            cal = Calibration(type=ctype, per_channel=pc)
+            add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
+            if ctype == "max" and pcts:
+                cal = Calibration(type="max", max_percentile=float(pcts[-1]), per_channel=pc)
+                add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
+    if not space.study["warm_start"] or not sensitivity:
+        return plans
+    ref = manual_calibration or reference_calibration(space, r.base)
+    by_param = {n: d for d in r.decisions for n in d.nodes}
+    ranked = [n for n in sorted(sensitivity, key=lambda n: -sensitivity[n]) if n in by_param]
+    for k in (1, 3, 5):
+        choices = {}
+        for n in ranked:
+            d = by_param[n]
+            for want in ("BPU:int16", "BPU:int16_input"):
+                if want in d.choices:
+                    choices[d.param] = want
+                    break
+            if len(choices) >= k:
+                break
+        if choices:
+            add(f"manual: {len(choices)} most sensitive node(s) int16", r.params_for(ref, choices))
+    order = {n.name: i for i, n in enumerate(r.graph)}
+    tail_start = int(0.8 * len(order))
+    tail = [n for n in ranked if order[n] >= tail_start and "CPU" in by_param[n].choices]
+    for k in (1, 2):
+        if len(tail) >= k:
+            add(f"manual: {k} most sensitive tail node(s) on CPU",
+                r.params_for(ref, {by_param[n].param: "CPU" for n in tail[:k]}))
+    return plans
+
+
+def best_baseline_calibration(r: ResolvedSpace, plans: list[Plan], score: Callable[[Candidate], float]) -> Calibration:
+    """The calibration of the manual plans: the most accurate of the baselines' all-int8
+    calibrations, as a user (and Horizon's recipe) starts from the best one. The base YAML's
+    can be far worse (PP-OCRv4 det: max per-tensor 0.948 vs per-channel 0.997), and int16 on a
+    few nodes cannot make up for it. ``score`` gives a candidate's accuracy; a baseline whose
+    score raises or is not finite cannot be the best (its trial records the error)."""
+    best, best_acc = reference_calibration(r.space, r.base), -math.inf
+    for label, params in plans:
+        if not label.startswith("baseline"):
+            continue    # the manual plans are built from this choice, not part of it
+        cand = r.candidate(params)
+        try:
+            acc = score(cand)
+        except Exception:
+            continue
+        if math.isfinite(acc) and acc > best_acc:
+            best, best_acc = cand.calibration, acc
+    return best
+
+
+def node_sensitivity(space: SearchSpace, ws, cache: Path, progress=None) -> dict[str, float]:
+    """Leave-one-float gains of the space's free nodes, cached in ``cache`` (the study folder's
+    sensitivity.json) and keyed by everything they depend on: the search's top-K, its warm
+    start, ``tuner sensitivity SPACE`` and the report all read the same file."""
+    base = ws.base_candidate()
+    metric = space.objectives["accuracy"]
+    nodes = free_nodes(space, ws.graph, ws.target)
+    ref = Candidate.make(reference_calibration(space, base), dict(base.nodes), base.optimization)
+    key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
+                    ref.key(), metric, ws.target.march, ",".join(nodes)])
+    return cached_sensitivity(cache, key, lambda: leave_one_float(ws.simulator, ref, nodes, metric, progress))
