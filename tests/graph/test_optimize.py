@@ -221,7 +221,7 @@ def test_a_bpu_softmax_runs_as_hb_mappers_six_quantized_parts(tmp_path):
     <name>_{reducemax,sub,exp,reducesum,reciprocal,mul}_FROM_QUANTIZED_SOFTMAX rows, each quantized."""
     from helpers import hb_yaml
     from tuner.candidate import Calibration
-    from tuner.graph.optimize import SOFTMAX_PARTS, softmax_part, softmax_tensors
+    from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
     from tuner.workspace import Workspace
 
     rng = np.random.default_rng(8)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tuner.calib.stats import StatsCollector, TensorStats, load_stats, save_stats
 from tuner.errors import TunerError
-from tuner.graph.optimize import expand_softmax
+from tuner.graph.softmax import expand_softmax
 from tuner.inputs.data import DataSet
 from tuner.simulate.session import make_session, run_samples, with_outputs
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import onnx
 
 from tuner.errors import TunerError
-from tuner.graph.optimize import NameMap, hz_kind, softmax_tensors
+from tuner.graph.names import NameMap
+from tuner.graph.optimize import hz_kind
+from tuner.graph.softmax import softmax_tensors
 
 # Inputs that carry data (and so get quantized on the BPU); other inputs are shapes, indices,
 # scales or conditions. Ops not listed: every input is a data input.

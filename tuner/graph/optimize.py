@@ -32,28 +32,23 @@ and reports its nodes under the names hb_mapper's log prints:
   int32 output at a subgraph edge. Its constant, being scalar or one value per channel, is exact under
   per-output-channel int8 weight quantization.
 
-* **Softmax on the BPU** is six quantized ops (ReduceMax, Sub, Exp LUT, ReduceSum, Reciprocal LUT,
-  Mul), named ``<name>_<part>_FROM_QUANTIZED_SOFTMAX`` in real logs (log 22843858307). Whether a
-  Softmax runs on the BPU depends on the candidate (it defaults to the CPU), so the graph keeps one
-  Softmax node; :func:`softmax_parts` is the decomposition the simulator substitutes for a BPU
-  Softmax, and the statistics pass runs :func:`expand_softmax`'s model so that the parts' tensors
-  (:func:`softmax_tensors`) have statistics.
+* **Softmax on the BPU** is six quantized ops: :mod:`tuner.graph.softmax` (the graph keeps one
+  Softmax, whose placement depends on the candidate).
 
 Not modelled here: folding affine ``Mul``/``Add`` by constants into a preceding Conv (not documented).
 
-:class:`NameMap` remembers every rewrite so that ``node_info`` may name a node either as the user's
-ONNX does (``/blk/Div``, ``/act/Sigmoid``) or as hb_mapper reports it (``/blk/Div_mul``), and so that
-an entry for a removed node (an Identity) gets a note instead of "not in the model".
+:class:`tuner.graph.names.NameMap` remembers every rewrite, so that ``node_info`` may use either name.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from tuner.graph.names import NameMap, Rewrite
 
 HZ_DOMAIN = "tuner.hz"
 #: Kinds of fused node this module writes (their op_type in :class:`tuner.graph.Graph`).
@@ -67,91 +62,6 @@ _NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUnifor
                                "Multinomial", "Bernoulli"})
 #: Folding stops at constants larger than this (a graph's weights are not recomputed).
 _FOLD_MAX_ELEMENTS = 1 << 22
-
-
-@dataclass(frozen=True)
-class Rewrite:
-    """What became of one node of the user's ONNX.
-
-    ``nodes``: the nodes that stand for it in the optimized graph (empty: removed). ``inputs`` maps
-    its input index k to (node, input index) there, for ``InputType<k>``; ``output`` is the node
-    whose output is its output, for ``OutputType``.
-    """
-
-    onnx_name: str
-    op_type: str
-    nodes: tuple[str, ...]
-    inputs: tuple[tuple[int, str, int], ...]
-    output: str | None
-    reason: str
-
-
-@dataclass
-class NameMap:
-    """ONNX node name -> its rewrite, for the nodes the optimizer changed (others keep their name)."""
-
-    rewrites: dict[str, Rewrite] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.rewrites)
-
-    def removed(self, name: str) -> Rewrite | None:
-        r = self.rewrites.get(name)
-        return r if r is not None and not r.nodes else None
-
-    def translate(self, nodes: tuple, known: set[str]) -> tuple[dict[str, dict[str, str]], list[str]]:
-        """``node_info`` entries (name -> fields) addressed to the optimized graph's nodes, and notes.
-
-        An entry under a name the optimized graph has is kept as it is and wins over entries that
-        reach the same node through a rewrite. An ONNX name the optimizer replaced lends its
-        fields to the nodes standing for it: ``ON`` to all of them, ``InputType<k>`` / ``InputType``
-        to the nodes reading its inputs, ``OutputType`` to the node writing its output. An entry
-        for a removed node is dropped with a note. Unknown names are returned unchanged (the
-        caller reports them).
-        """
-        direct: dict[str, dict[str, str]] = {}
-        lent: dict[str, dict[str, str]] = defaultdict(dict)
-        notes: list[str] = []
-        for name, fields in nodes:
-            r = self.rewrites.get(name)
-            if r is None or (name in known and r.nodes != (name,)):
-                direct[name] = dict(fields)
-                continue
-            if not r.nodes:
-                notes.append(f"node_info {name!r} ({r.op_type}): {r.reason} by hb_mapper's optimizer before "
-                             "calibration; the entry has no effect")
-                continue
-            own = r.nodes == (name,)
-            for key, value in fields.items():
-                if key == "ON":
-                    targets = [(n, key) for n in r.nodes]
-                elif key == "OutputType":
-                    targets = [(r.output, key)] if r.output else []
-                elif key == "InputType":
-                    targets = [(n, key) for n in dict.fromkeys(m for _, m, _ in r.inputs)] or \
-                        ([(name, key)] if own else [])
-                elif key.startswith("InputType"):
-                    targets = [(n, f"InputType{j}") for ki, n, j in r.inputs if str(ki) == key[len("InputType"):]]
-                else:
-                    targets = [(n, key) for n in r.nodes]
-                for node, field_name in targets:
-                    if own:
-                        direct.setdefault(node, {})[field_name] = value
-                    else:
-                        lent[node].setdefault(field_name, value)
-            if not own:
-                notes.append(f"node_info {name!r} ({r.op_type}): {r.reason}; applied to {', '.join(r.nodes)}")
-        for node, fields in lent.items():
-            merged = dict(fields)
-            merged.update(direct.get(node, {}))
-            direct[node] = merged
-        return direct, notes
-
-    def summary(self) -> list[str]:
-        """One line per kind of rewrite, for ``tuner eval``'s notes."""
-        counts = Counter(r.reason.split(":")[0] for r in self.rewrites.values())
-        return [f"hb_mapper's optimizer: {reason} ({n} ONNX node{'s' if n != 1 else ''})"
-                for reason, n in sorted(counts.items())]
 
 
 def optimize(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, NameMap]:
@@ -525,74 +435,3 @@ def hz_kind(op_type: str, domain: str) -> str:
     if domain == HZ_DOMAIN:
         return op_type.split("__", 1)[0]
     return op_type
-
-
-# -- Softmax on the BPU ------------------------------------------------------------------------
-
-#: hb_mapper's parts of a BPU Softmax, in order (real 1.24.3 log, hb_quantizer_facts section 5).
-SOFTMAX_PARTS = ("reducemax", "sub", "exp", "reducesum", "reciprocal", "mul")
-
-
-def softmax_part(node_name: str, part: str) -> str:
-    """The name hb_mapper's log gives a part: ``<name>_<part>_FROM_QUANTIZED_SOFTMAX``."""
-    return f"{node_name}_{part}_FROM_QUANTIZED_SOFTMAX"
-
-
-def softmax_tensors(node_name: str) -> list[str]:
-    """The tensors between the parts (what the parts quantize besides the Softmax's own input)."""
-    return [f"{softmax_part(node_name, part)}_out" for part in SOFTMAX_PARTS[:-1]]
-
-
-def softmax_parts(node: onnx.NodeProto, rank: int, opset: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """(nodes, initializers) computing ``node`` (a Softmax) as hb_mapper's six parts.
-
-    max over the softmax axes, x - max, exp, sum, reciprocal, exp * reciprocal: the same function
-    (opset < 13 normalises over every axis from ``axis`` on, opset >= 13 over ``axis`` only).
-    """
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1) % rank
-    axes = [axis] if opset >= 13 else list(range(axis, rank))
-    x, y = node.input[0], node.output[0]
-    m, d, e, s, r = softmax_tensors(node.name)
-    name = {part: softmax_part(node.name, part) for part in SOFTMAX_PARTS}
-    inits: list[onnx.TensorProto] = []
-    nodes = [helper.make_node("ReduceMax", [x], [m], name=name["reducemax"], axes=axes, keepdims=1),
-             helper.make_node("Sub", [x, m], [d], name=name["sub"]),
-             helper.make_node("Exp", [d], [e], name=name["exp"])]
-    if opset >= 13:
-        axes_t = numpy_helper.from_array(np.array(axes, np.int64), f"{name['reducesum']}_axes")
-        inits.append(axes_t)
-        nodes.append(helper.make_node("ReduceSum", [e, axes_t.name], [s], name=name["reducesum"], keepdims=1))
-    else:
-        nodes.append(helper.make_node("ReduceSum", [e], [s], name=name["reducesum"], axes=axes, keepdims=1))
-    nodes += [helper.make_node("Reciprocal", [s], [r], name=name["reciprocal"]),
-              helper.make_node("Mul", [e, r], [y], name=name["mul"])]
-    return nodes, inits
-
-
-def softmax_rank(model: onnx.ModelProto, node: onnx.NodeProto) -> int | None:
-    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        if vi.name == node.input[0] and vi.type.tensor_type.HasField("shape"):
-            return len(vi.type.tensor_type.shape.dim)
-    return None
-
-
-def expand_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with every Softmax as its six parts (same outputs; for statistics)."""
-    softmaxes = [n for n in model.graph.node if n.op_type == "Softmax" and n.domain in ("", "ai.onnx")]
-    if not softmaxes:
-        return model
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 11)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    nodes = []
-    for n in out.graph.node:
-        rank = softmax_rank(model, n) if n.op_type == "Softmax" and n.domain in ("", "ai.onnx") else None
-        if rank is None:
-            nodes.append(n)
-            continue
-        parts, inits = softmax_parts(n, rank, opset)
-        nodes.extend(parts)
-        out.graph.initializer.extend(inits)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out

@@ -16,7 +16,8 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from tuner.errors import TunerError
-from tuner.graph.optimize import NameMap, Rewrite, optimize
+from tuner.graph.names import NameMap, Rewrite
+from tuner.graph.optimize import optimize
 
 FLOAT = onnx.TensorProto.FLOAT
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from tuner.candidate import Candidate
 from tuner.graph import Graph, Target, fused_edges, fusion_groups
-from tuner.graph.optimize import SOFTMAX_PARTS, softmax_part, softmax_tensors
+from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
 
 INT8, INT16 = "int8", "int16"
 ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "PRelu"}

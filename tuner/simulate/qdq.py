@@ -18,7 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Target
-from tuner.graph.optimize import softmax_parts
+from tuner.graph.softmax import softmax_parts
 from tuner.simulate import fakequant
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import ScaleTable, floor_threshold

@@ -22,7 +22,7 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
-from tuner.graph.optimize import SOFTMAX_PARTS, expand_softmax, softmax_part, softmax_tensors
+from tuner.graph.softmax import SOFTMAX_PARTS, expand_softmax, softmax_part, softmax_tensors
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
