@@ -249,7 +249,7 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
               f"{len(tuner_search.sensitivity)} by leave-one-float gain)"
             + (f", calibration knobs {', '.join(resolved.calibration_params)}" if resolved.calibration_params else "")
             + f"; budget {budget} trials, seed {seed}; study objective "
-              f"{tuner_search.space.objectives['accuracy']} >= {tuner_search.space.objectives['min_accuracy']:.4f}.", "",
+              f"{tuner_search.space.objective.accuracy} >= {tuner_search.space.objective.min_accuracy:.4f}.", "",
             fmt_lines(lines, task_name), "",
             f"Hypervolume of the trials meeting the goal (% of [{prep.min_accuracy}, 1] x [0, {ref_ms:.3f} ms]): "
             f"tuner {hv['tuner']:.2f}, random {hv['random']:.2f}.", "", checks, ""]
@@ -294,7 +294,7 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     results = tmp / "results"
     enum_search, _ = open_search(prep.space, "enumerate", results)
     sim, resolved = enum_search.ws.simulator, enum_search.resolved
-    metric = enum_search.space.objectives["accuracy"]
+    metric = enum_search.space.objective.accuracy
     scorer = Scorer(sim, enum_search.cost, metric)
     task_name = prep.labelled_metric
     float_score = scorer(float_candidate(sim.graph))

@@ -105,7 +105,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if info["zombies"]:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
-    _print_summary(study, search.paths, search.mode, search.space.objectives["min_accuracy"])
+    _print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
         return 1
@@ -136,7 +136,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     install_stop_handlers(lambda text: print(f"tuner: {text}", file=sys.stderr, flush=True))
     work(search, study, n_trials, timeout)
     search.write_results(study, force=True)
-    _print_summary(study, search.paths, search.mode, search.space.objectives["min_accuracy"])
+    _print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
     if STOP.is_set():
         print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
         return 130
@@ -215,10 +215,10 @@ def _sensitivity_setup(args: argparse.Namespace):
                                  threads=args.threads, progress=progress_printer("calibration statistics"))
         b = ws.base_candidate()
         base = Candidate.make(_reference_calibration(space, b), dict(b.nodes), b.optimization)
-        metric = args.metric or space.objectives["accuracy"]
+        metric = args.metric or space.objective.accuracy
         nodes = free_nodes(space, ws.graph, ws.target)
         gains = None
-        if metric == space.objectives["accuracy"]:
+        if metric == space.objective.accuracy:
             paths = StudyPaths(Path(args.results_dir) / (args.study or space.name))
             gains = node_sensitivity(space, ws, paths, quiet=False)
             print(f"leave-one-float gains: {paths.sensitivity} (shared with the search)", file=sys.stderr)

@@ -68,9 +68,9 @@ class Workspace:
                   threads: int | None = None, progress: Callable[[int, int], None] | None = None) -> "Workspace":
         """The workspace a search space evaluates in: its base YAML, its ``eval_data``,
         ``eval_limit`` and ``march`` (each overridable), and its task metrics and labels."""
-        ws = cls.open(space.base, data=data or space.eval_data, limit=limit or space.raw["eval_limit"],
-                      march=march or space.raw["march"], threads=threads, progress=progress)
-        ws.use_task_metrics(space.task_metrics(), space.raw["labels"], space.path.parent)
+        ws = cls.open(space.base, data=data or space.eval_data, limit=limit or space.eval_limit,
+                      march=march or space.march, threads=threads, progress=progress)
+        ws.use_task_metrics(space.task_metrics(), space.labels, space.path.parent)
         if space.thresholds is not None:
             from tuner.toolchain.calibrated_report import real_thresholds
 

@@ -23,6 +23,24 @@ def test_defaults_fill_what_the_file_leaves_out(tmp_path):
     assert space.base == (tmp_path / "tiny" / "hb_config.yaml").resolve()
 
 
+def test_the_sections_are_typed_values_of_the_merged_file(tmp_path):
+    from tuner.study.sections import CalibrationKnobs, NodesRule, StudySettings
+
+    path = write_tiny_space(tmp_path)
+    path.write_text(path.read_text().replace("  name: tiny\n", "  name: typed\n  timeout: 30m\n"))
+    space = load_space(path)
+    assert isinstance(space.rule, NodesRule) and space.rule.placement == ("BPU", "CPU")
+    assert space.rule.precision == tuple(space.nodes["precision"]) and space.rule.top_k == space.nodes["top_k"]
+    assert isinstance(space.knobs, CalibrationKnobs)
+    assert space.knobs.max_percentile == tuple(float(p) for p in space.calibration["max_percentile"])
+    assert set(space.knobs.free()) == {k for k in ("calibration_type", "max_percentile", "per_channel")
+                                       if len(space.calibration[k]) > 1}
+    assert isinstance(space.settings, StudySettings) and space.settings.timeout_s == 1800.0
+    assert space.name == "typed" and space.objective.accuracy == space.objectives["accuracy"]
+    with pytest.raises(AttributeError):
+        space.rule.top_k = 3    # frozen
+
+
 @pytest.mark.parametrize("extra,fragment", [
     ("nodes:\n  placment: [BPU]\n", "nodes.placment: unknown key (did you mean 'placement'?)"),
     ("nodes:\n  precision: [int4]\n", "nodes.precision: 'int4' is not one of"),

@@ -82,7 +82,7 @@ class StudySession:
         cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
         if sensitivity is None:
             sensitivity = {}
-            if space.nodes["top_k"] is not None or space.study["warm_start"]:
+            if space.rule.top_k is not None or space.settings.warm_start:
                 sensitivity = node_sensitivity(space, ws, paths.sensitivity,
                                                None if quiet else progress_printer("node sensitivity"))
         resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
@@ -96,7 +96,7 @@ class StudySession:
 
     @property
     def objectives(self) -> Objectives:
-        return Objectives.from_dict(self.space.objectives)
+        return self.space.objective
 
     @property
     def mode(self) -> str:
@@ -107,7 +107,7 @@ class StudySession:
 
     def sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
         """The space's sampler, recording each trial's worker when the trial is created."""
-        kind = self.space.study["sampler"]
+        kind = self.space.settings.sampler
         if kind == "random":
             return tag_trials(optuna.samplers.RandomSampler(seed=seed))
         if kind == "nsga2":
@@ -195,7 +195,7 @@ class StudySession:
     def enqueue_warm_start(self, study: optuna.Study) -> int:
         if study.get_trials(deepcopy=False):
             return 0
-        plans = self.warm_start_plans(self.manual_calibration() if self.space.study["warm_start"] and self.sensitivity
+        plans = self.warm_start_plans(self.manual_calibration() if self.space.settings.warm_start and self.sensitivity
                                       else None)
         for label, params in plans:
             study.enqueue_trial(params, user_attrs={"plan": label}, skip_if_exists=True)

@@ -25,18 +25,12 @@ from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.inputs.config import read_yaml
-from tuner.metrics.task import higher_is_better, parse_metric_spec
+from tuner.metrics.task import parse_metric_spec
+from tuner.study.record import Objectives
+from tuner.study.sections import (PRECISIONS, CalibrationKnobs, NodesRule, StudySettings, objectives_section,
+                                  parse_duration, task_metric_texts)
 
 DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
-
-PLACEMENTS = ("BPU", "CPU")
-PRECISIONS = {"int8": (None, None), "int16_input": ("int16", None), "int16_output": (None, "int16"),
-              "int16": ("int16", "int16")}
-CALIBRATION_TYPES = ("max", "kl", "default", "mix")
-SAMPLERS = ("tpe", "random", "nsga2")
-MODES = ("pareto", "accuracy", "latency")
-ACCURACY = re.compile(r"^(mean_cosine|min_cosine|mean_sqnr|(cosine|sqnr):.+)$")
-
 
 def _defaults() -> dict[str, Any]:
     return yaml.safe_load(DEFAULTS_PATH.read_text(encoding="utf-8"))
@@ -58,31 +52,22 @@ def _merge(defaults: dict, given: dict, where: str, path: Path) -> dict:
     return out
 
 
-def parse_duration(text: Any, where: str) -> float | None:
-    """Seconds from 3600, '90s', '30m', '8h', '1d' (None stays None)."""
-    if text is None:
-        return None
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text <= 0:
-            raise TunerError(f"{where}: must be positive, got {text}")
-        return float(text)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
-    if not m:
-        raise TunerError(f"{where}: expected seconds or a duration like 30m / 8h, got {text!r}")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
 @dataclass
 class SearchSpace:
-    """A validated space file, with every default filled in."""
+    """A validated space file, with every default filled in, and its typed sections."""
 
     path: Path
     raw: dict[str, Any]
     base: Path
     eval_data: list[Path] | None
+    rule: NodesRule
+    knobs: CalibrationKnobs
+    objective: Objectives
+    settings: StudySettings
     profile: Path | None = None
     thresholds: Path | None = None     # hb_mapper's calibrated model: real thresholds for every trial
 
+    # The sections as the file has them (for display and stored studies); code reads the typed ones.
     @property
     def nodes(self) -> dict[str, Any]:
         return self.raw["nodes"]
@@ -99,42 +84,29 @@ class SearchSpace:
     def study(self) -> dict[str, Any]:
         return self.raw["study"]
 
+    @property
+    def march(self) -> str | None:
+        return self.raw["march"]
+
+    @property
+    def eval_limit(self) -> int | None:
+        return self.raw["eval_limit"]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.raw["labels"]
+
     def task_metrics(self) -> list:
         """The task metrics the evaluations must compute: the objective's (if a task metric) and report's."""
-        texts = list(self.objectives["report"])
-        if not ACCURACY.match(self.objectives["accuracy"]):
-            texts.insert(0, self.objectives["accuracy"])
-        return list(dict.fromkeys(parse_metric_spec(t) for t in texts))
+        return list(dict.fromkeys(parse_metric_spec(t) for t in task_metric_texts(self.objective)))
 
     @property
     def name(self) -> str:
-        return self.study["name"] or self.path.stem
+        return self.settings.name or self.path.stem
 
     def fingerprint(self) -> str:
         blob = json.dumps(self.raw, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _task_spec(where: str, text: Any):
-    try:
-        return parse_metric_spec(str(text))
-    except TunerError as exc:
-        raise TunerError(f"{where}: {exc}") from None
-
-
-def _list(where: str, value: Any, allowed: tuple | None = None, kind: type | tuple = str) -> list:
-    if not isinstance(value, list) or not value:
-        raise TunerError(f"{where}: expected a non-empty list, got {value!r}")
-    for v in value:
-        if isinstance(v, bool) and kind is not bool:
-            raise TunerError(f"{where}: {v!r} is a boolean; quote it or use the values listed in search_spaces/README.md")
-        if not isinstance(v, kind):
-            raise TunerError(f"{where}: {v!r} has the wrong type")
-        if allowed is not None and v not in allowed:
-            raise TunerError(f"{where}: {v!r} is not one of {', '.join(map(str, allowed))}")
-    if len(set(map(repr, value))) != len(value):
-        raise TunerError(f"{where}: repeated values in {value!r}")
-    return value
 
 
 def load_space(path: str | Path) -> SearchSpace:
@@ -153,70 +125,13 @@ def load_space(path: str | Path) -> SearchSpace:
     base = (path.parent / raw["base"]).resolve()
     if not base.is_file():
         raise TunerError(f"{path}: base: {raw['base']!r} not found (resolved to {base})")
-    n = raw["nodes"]
-    if n["select"] not in ("bpu", "all"):
-        raise TunerError(f"{path}: nodes.select: must be 'bpu' or 'all', got {n['select']!r}")
-    for key in ("op_types", "names", "exclude"):
-        if not isinstance(n[key], list) or not all(isinstance(v, str) for v in n[key]):
-            raise TunerError(f"{path}: nodes.{key}: expected a list of strings, got {n[key]!r}")
-    for key in ("pattern",) + tuple(f"exclude[{i}]" for i in range(len(n["exclude"]))):
-        text = n["pattern"] if key == "pattern" else n["exclude"][int(key[8:-1])]
-        if text is not None:
-            try:
-                re.compile(text)
-            except re.error as exc:
-                raise TunerError(f"{path}: nodes.{key}: invalid regular expression {text!r}: {exc}") from None
-    if n["top_k"] is not None and (isinstance(n["top_k"], bool) or not isinstance(n["top_k"], int) or n["top_k"] < 1):
-        raise TunerError(f"{path}: nodes.top_k: expected a positive integer, got {n['top_k']!r}")
-    if not isinstance(n["tie_repeated"], bool):
-        raise TunerError(f"{path}: nodes.tie_repeated: expected true or false, got {n['tie_repeated']!r}")
-    _list(f"{path}: nodes.placement", n["placement"], PLACEMENTS)
-    _list(f"{path}: nodes.precision", n["precision"], tuple(PRECISIONS))
-    c = raw["calibration"]
-    _list(f"{path}: calibration.calibration_type", c["calibration_type"], CALIBRATION_TYPES)
-    _list(f"{path}: calibration.max_percentile", c["max_percentile"], None, (int, float))
-    if not all(0.0 < float(p) <= 1.0 for p in c["max_percentile"]):
-        raise TunerError(f"{path}: calibration.max_percentile: values must be in (0, 1], got {c['max_percentile']}")
-    _list(f"{path}: calibration.per_channel", c["per_channel"], (True, False), bool)
-    o = raw["objectives"]
-    if o["mode"] not in MODES:
-        raise TunerError(f"{path}: objectives.mode: must be one of {', '.join(MODES)}, got {o['mode']!r}")
-    if not isinstance(o["accuracy"], str):
-        raise TunerError(f"{path}: objectives.accuracy: expected a metric name, got {o['accuracy']!r}")
-    if not ACCURACY.match(o["accuracy"]):
-        try:
-            spec = parse_metric_spec(o["accuracy"])
-        except TunerError as exc:
-            raise TunerError(f"{path}: objectives.accuracy: expected mean_cosine, min_cosine, mean_sqnr, "
-                             f"cosine:<output>, sqnr:<output> or a task metric; {exc}") from None
-        if not higher_is_better(spec.kind):
-            raise TunerError(f"{path}: objectives.accuracy: {o['accuracy']!r} is an error (lower is better); the "
-                             "accuracy objective is maximised: use delta1, seg_agreement, miou, top1 or a user score, "
-                             "and list error metrics under objectives.report")
-    if not isinstance(o["report"], list):
-        raise TunerError(f"{path}: objectives.report: expected a list of metrics, got {o['report']!r}")
-    for i, text in enumerate(o["report"]):
-        _task_spec(f"{path}: objectives.report[{i}]", text)
+    rule = NodesRule.from_section(raw["nodes"], f"{path}: nodes")
+    knobs = CalibrationKnobs.from_section(raw["calibration"], f"{path}: calibration")
+    objective = objectives_section(raw["objectives"], f"{path}: objectives")
     if not isinstance(raw["labels"], dict) or not all(isinstance(v, str) for v in raw["labels"].values()):
         raise TunerError(f"{path}: labels: expected a mapping of output name to a file pattern, e.g. "
                          "{seg: 'labels/seg_*.npy'}")
-    for key in ("min_accuracy", "max_latency_ms"):
-        if o[key] is not None and (isinstance(o[key], bool) or not isinstance(o[key], (int, float))):
-            raise TunerError(f"{path}: objectives.{key}: expected a number, got {o[key]!r}")
-    if o["mode"] == "latency" and o["min_accuracy"] is None:
-        raise TunerError(f"{path}: objectives.mode latency minimises latency subject to an accuracy floor: "
-                         "set objectives.min_accuracy")
-    s = raw["study"]
-    if s["sampler"] not in SAMPLERS:
-        raise TunerError(f"{path}: study.sampler: must be one of {', '.join(SAMPLERS)}, got {s['sampler']!r}")
-    for key in ("seed", "n_trials"):
-        if s[key] is not None and (isinstance(s[key], bool) or not isinstance(s[key], int) or s[key] < 0):
-            raise TunerError(f"{path}: study.{key}: expected a non-negative integer, got {s[key]!r}")
-    parse_duration(s["timeout"], f"{path}: study.timeout")
-    if s["name"] is not None and (not isinstance(s["name"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", s["name"])):
-        raise TunerError(f"{path}: study.name: use letters, digits, '_', '-', '.', got {s['name']!r}")
-    if not isinstance(s["warm_start"], bool):
-        raise TunerError(f"{path}: study.warm_start: expected true or false")
+    settings = StudySettings.from_section(raw["study"], f"{path}: study")
     if isinstance(raw["march"], str) and raw["march"].endswith((".yaml", ".yml")):
         # a target table file (e.g. one corrected by 'tuner import-log --update-target'), relative to this file
         raw["march"] = str((path.parent / raw["march"]).resolve())
@@ -240,7 +155,8 @@ def load_space(path: str | Path) -> SearchSpace:
         from tuner.inputs.model import file_fingerprint
 
         raw["thresholds_sha256"] = file_fingerprint(thresholds)   # a new calibrated model is a new space
-    return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, profile=profile, thresholds=thresholds)
+    return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, rule=rule, knobs=knobs, objective=objective,
+                       settings=settings, profile=profile, thresholds=thresholds)
 
 
 # --------------------------------------------------------------------------- resolution
@@ -343,10 +259,10 @@ class ResolvedSpace:
         return Candidate.make(cal, nodes, self.base.optimization)
 
     def calibration_from(self, params: dict[str, Any]) -> Calibration:
-        c = self.space.calibration
-        ctype = params.get("calibration_type", c["calibration_type"][0])
-        pct = params.get("max_percentile", c["max_percentile"][0])
-        pc = params.get("per_channel", c["per_channel"][0])
+        k = self.space.knobs
+        ctype = params.get("calibration_type", k.calibration_type[0])
+        pct = params.get("max_percentile", k.max_percentile[0])
+        pc = params.get("per_channel", k.per_channel[0])
         return Calibration(type=ctype, max_percentile=pct,
                            per_channel=bool(pc) if ctype in ("max", "kl") else False)
 
@@ -375,23 +291,23 @@ class ResolvedSpace:
 
 def free_nodes(space: SearchSpace, graph: Graph, target: Target) -> list[str]:
     """Node names the rules leave free, in topological order (before top_k)."""
-    n = space.nodes
+    n = space.rule
     names = []
     for node in graph:
-        if n["select"] == "bpu" and not target.bpu_capable(node.op_type):
+        if n.select == "bpu" and not target.bpu_capable(node.op_type):
             continue
-        if n["op_types"] and node.op_type not in n["op_types"]:
+        if n.op_types and node.op_type not in n.op_types:
             continue
-        if n["pattern"] and not re.search(n["pattern"], node.name):
+        if n.pattern and not re.search(n.pattern, node.name):
             continue
-        if n["names"] and node.name not in n["names"]:
+        if n.names and node.name not in n.names:
             continue
-        if any(re.search(p, node.name) for p in n["exclude"]):
+        if any(re.search(p, node.name) for p in n.exclude):
             continue
         if not graph.data_inputs(node):  # nothing to quantize: placement cannot matter
             continue
         names.append(node.name)
-    missing = [x for x in n["names"] if x not in graph.by_name]
+    missing = [x for x in n.names if x not in graph.by_name]
     if missing:
         graph.node(missing[0])  # raises with close matches
     return names
@@ -399,23 +315,23 @@ def free_nodes(space: SearchSpace, graph: Graph, target: Target) -> list[str]:
 
 def resolve(space: SearchSpace, graph: Graph, target: Target, base: Candidate,
             sensitivity: dict[str, float] | None = None) -> ResolvedSpace:
-    n = space.nodes
+    n = space.rule
     names = free_nodes(space, graph, target)
     notes = []
-    if n["top_k"] is not None and len(names) > n["top_k"]:
+    if n.top_k is not None and len(names) > n.top_k:
         if sensitivity is None:
             raise ValueError("top_k needs the sensitivity ranking")
         ranked = sorted(names, key=lambda x: -sensitivity.get(x, 0.0))
-        keep = set(ranked[: n["top_k"]])
+        keep = set(ranked[: n.top_k])
         names = [x for x in names if x in keep]
         notes.append(f"nodes.top_k: {len(names)} most sensitive nodes are free")
     groups: dict[str, list[str]] = {}
     for name in names:
-        key = tie_key(name) if n["tie_repeated"] else name
+        key = tie_key(name) if n.tie_repeated else name
         groups.setdefault(key, []).append(name)
     decisions = []
     for key, members in groups.items():
-        choice_sets = [node_choices(graph.by_name[m].op_type, target, n["placement"], n["precision"],
+        choice_sets = [node_choices(graph.by_name[m].op_type, target, list(n.placement), list(n.precision),
                                     graph.by_name[m].proto) for m in members]
         choices = [c for c in choice_sets[0] if all(c in s for s in choice_sets[1:])]
         first = graph.by_name[members[0]]
@@ -427,10 +343,7 @@ def resolve(space: SearchSpace, graph: Graph, target: Target, base: Candidate,
         prefix = "tie:" if len(members) > 1 else "node:"
         decisions.append(Decision(param=f"{prefix}{key}", nodes=tuple(members), choices=tuple(choices),
                                   default_choice=default))
-    c = space.calibration
-    calibration_params = {k: list(v) for k, v in (("calibration_type", c["calibration_type"]),
-                                                   ("max_percentile", [float(p) for p in c["max_percentile"]]),
-                                                   ("per_channel", c["per_channel"])) if len(v) > 1}
+    calibration_params = space.knobs.free()
     if not decisions and not calibration_params:
         raise TunerError(f"{space.path}: the space has nothing to search: no free node has two legal choices and "
                          "every calibration list has one value")

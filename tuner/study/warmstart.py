@@ -24,13 +24,13 @@ Plan = tuple[str, dict[str, Any]]   # (label, Optuna parameters)
 def reference_calibration(space: SearchSpace, base: Candidate) -> Calibration:
     """The calibration the sensitivity ranking and manual plans use: the base YAML's if it is
     an explicit method in the space, else the space's first."""
-    c = space.calibration
-    if base.calibration.type in ("max", "kl") and base.calibration.type in c["calibration_type"]:
+    k = space.knobs
+    if base.calibration.type in ("max", "kl") and base.calibration.type in k.calibration_type:
         return Calibration(type=base.calibration.type, max_percentile=base.calibration.max_percentile,
-                           per_channel=base.calibration.per_channel if base.calibration.per_channel in c["per_channel"]
-                           else c["per_channel"][0])
-    ctype = next((t for t in c["calibration_type"] if t in ("max", "kl")), "max")
-    return Calibration(type=ctype, per_channel=c["per_channel"][0])
+                           per_channel=base.calibration.per_channel if base.calibration.per_channel in k.per_channel
+                           else k.per_channel[0])
+    ctype = next((t for t in k.calibration_type if t in ("max", "kl")), "max")
+    return Calibration(type=ctype, per_channel=k.per_channel[0])
 
 
 def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
@@ -39,7 +39,7 @@ def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
     ``manual_calibration`` (default: the reference calibration of the sensitivity ranking).
     Plans that make the same candidate are listed once."""
     space = r.space
-    c = space.calibration
+    k = space.knobs
     plans: list[Plan] = []
     seen = set()
 
@@ -49,15 +49,15 @@ def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
             seen.add(key)
             plans.append((label, params))
 
-    pcts = [p for p in c["max_percentile"] if Calibration(type="max", max_percentile=p).max_percentile is not None]
-    for ctype in c["calibration_type"]:
-        for pc in (c["per_channel"] if ctype in ("max", "kl") else [False]):
+    pcts = [p for p in k.max_percentile if Calibration(type="max", max_percentile=p).max_percentile is not None]
+    for ctype in k.calibration_type:
+        for pc in (k.per_channel if ctype in ("max", "kl") else [False]):
             cal = Calibration(type=ctype, per_channel=pc)
             add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
             if ctype == "max" and pcts:
                 cal = Calibration(type="max", max_percentile=float(pcts[-1]), per_channel=pc)
                 add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
-    if not space.study["warm_start"] or not sensitivity:
+    if not space.settings.warm_start or not sensitivity:
         return plans
     ref = manual_calibration or reference_calibration(space, r.base)
     by_param = {n: d for d in r.decisions for n in d.nodes}
@@ -109,7 +109,7 @@ def node_sensitivity(space: SearchSpace, ws, cache: Path, progress=None) -> dict
     sensitivity.json) and keyed by everything they depend on: the search's top-K, its warm
     start, ``tuner sensitivity SPACE`` and the report all read the same file."""
     base = ws.base_candidate()
-    metric = space.objectives["accuracy"]
+    metric = space.objective.accuracy
     nodes = free_nodes(space, ws.graph, ws.target)
     ref = Candidate.make(reference_calibration(space, base), dict(base.nodes), base.optimization)
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
