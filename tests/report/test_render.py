@@ -49,3 +49,18 @@ def test_render_shows_the_study_from_the_snapshot_alone():
 def test_an_empty_snapshot_renders_with_a_note():
     page = render(snapshot(trials=[], rows=[]))
     assert "no completed trial yet" in page and "<h2>Pareto front</h2>" not in page
+
+
+def test_the_trace_shades_cpu_nodes_and_marks_switches_in_one_layout():
+    """CPU nodes of the first trace are shaded and each CPU/BPU switch is a dotted line; they are
+    given to Plotly as one shape list (one by one it took ~200 s for a 464-node model)."""
+    from tuner.report.html import trace_figure
+    from tuner.study.outputs import Trace
+
+    on = ["BPU", "CPU", "CPU", "BPU", "CPU", "BPU"]
+    nodes = [{"name": f"n{k}", "op_type": "Conv", "on": p, "cosine": 0.999} for k, p in enumerate(on)]
+    fig = trace_figure([Trace(label="best", trial=3, nodes=nodes)])
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    lines = [s for s in fig.layout.shapes if s.type == "line"]
+    assert sorted((r.x0 + r.x1) / 2 for r in rects) == [1, 2, 4]
+    assert sorted(ln.x0 for ln in lines) == [0.5, 2.5, 3.5, 4.5]
