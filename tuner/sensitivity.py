@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.candidate import Candidate, NodeSetting
-from tuner.export.hb_yaml import write_atomic
+from tuner.files import write_atomic
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Simulator
 

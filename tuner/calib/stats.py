@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tuner.files import atomic_file
 
 NBINS = 16384
 
@@ -239,20 +240,8 @@ def save_stats(path: str | os.PathLike, stats: dict[str, TensorStats], meta: dic
         if s.max_hist is not None:
             arrays[f"max_hist_{i}"] = np.asarray(s.max_hist, dtype=np.int64)
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)  # histograms are mostly zeros: compresses well
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a stats file is not a secret
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_file(path, binary=True, fsync=True) as f:
+        np.savez_compressed(f, **arrays)  # histograms are mostly zeros: compresses well
 
 
 def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[str, str]]:

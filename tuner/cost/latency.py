@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import yaml
 
 from tuner.errors import TunerError
@@ -52,8 +53,6 @@ def _numel(shape) -> int:
 def _attr(node: Node, name: str, default):
     for a in node.proto.attribute:
         if a.name == name:
-            import onnx
-
             return onnx.helper.get_attribute_value(a)
     return default
 

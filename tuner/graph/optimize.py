@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 HZ_DOMAIN = "tuner.hz"
 #: Kinds of fused node this module writes (their op_type in :class:`tuner.graph.Graph`).
@@ -194,8 +195,6 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 def _fold(model: onnx.ModelProto, names: NameMap) -> None:
     """Replace nodes computable from constants alone by initializers (one pass in graph order)."""
-    from onnx.reference import ReferenceEvaluator
-
     graph = model.graph
     consts = {t.name: t for t in graph.initializer}
     shapes = _shapes(model)
@@ -372,7 +371,7 @@ def _fuse_activations(model: onnx.ModelProto, names: NameMap) -> None:
         local = {t: f"i{k}" for k, t in enumerate(fn_inputs)}
         local[end.output[0]] = "y"
         body = []
-        for j, n in enumerate(region):
+        for n in region:
             b = onnx.NodeProto()
             b.CopyFrom(n)
             b.name = ""

@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.export.hb_yaml import write_atomic
+from tuner.files import write_atomic
 from tuner.inputs.checks import ERROR, INFO, SEVERITIES, WARNING, Finding, FindingsReport
 from tuner.inputs.config import HbConfig, InputSpec, load_config
 from tuner.inputs.data import DTYPES, DataSet, InputData, input_data
 from tuner.inputs.model import LoadedModel, load_model
+from tuner.metrics.similarity import Similarity
 from tuner.metrics.task import load_callable
+from tuner.runtime.session import make_session
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 EXACT_TOL = 1e-4          # max |file - recomputed| per channel, relative to the channel range: "same tensors"
@@ -422,9 +424,6 @@ def check_preprocess(config_path: str | Path, images: str | Path, preprocess: st
     TunerError for a bad YAML/model/callable/images folder; unreadable calibration files
     become an error finding (exit code 2).
     """
-    from tuner.metrics.similarity import Similarity
-    from tuner.simulate.session import make_session
-
     config, model, data = _open(config_path, "check-preprocess")
     if config.inputs[0].cal_dir is None:
         raise TunerError(f"{config.path}: calibration_parameters.cal_data_dir is not set; nothing to compare with")

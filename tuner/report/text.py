@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from tuner.candidate import Calibration
+from tuner.console import table
 from tuner.simulate import Evaluation
 from tuner.simulate.calibrate import MixedCalibration
 
@@ -17,13 +18,6 @@ def _fmt(value: float | None, digits: int = 6) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return f"{value:.{digits}f}"
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), sep] + [line(r) for r in rows])
 
 
 def node_table(ev: Evaluation) -> str:

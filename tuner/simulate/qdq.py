@@ -3,7 +3,7 @@
 Each quantization point becomes QuantizeLinear -> DequantizeLinear (``com.microsoft``
 domain, which takes int8 and int16 at any opset, per-tensor or per-channel), or, with
 ``fused=True``, one ``tuner.sim`` FakeQuant node computing the same values in one pass
-(:mod:`tuner.simulate.fakequant`). BPU weights are replaced by their int8 per-channel
+(:mod:`tuner.runtime.fakequant`). BPU weights are replaced by their int8 per-channel
 fake-quantized values. The graph is built in memory from cached scales (milliseconds);
 onnxruntime then runs it.
 """
@@ -15,10 +15,11 @@ from collections import defaultdict
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Target
-from tuner.simulate import fakequant
+from tuner.runtime import fakequant
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import ScaleTable, floor_threshold
 
@@ -109,7 +110,7 @@ class ExternalWeights:
     """Large initializers handed to onnxruntime once, as OrtValues, instead of being copied into
     and serialized with every candidate's graph (4.7 MB a candidate on PP-OCR's detector).
 
-    The graph keeps a stub (``data_location: EXTERNAL``); :func:`tuner.simulate.session.make_session`
+    The graph keeps a stub (``data_location: EXTERNAL``); :func:`tuner.runtime.session.make_session`
     passes the values with ``SessionOptions.add_external_initializers``.
     """
 
@@ -127,8 +128,6 @@ class ExternalWeights:
         return self._stubs[tensor.name]
 
     def _make(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
-        import onnxruntime as ort
-
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             return tensor
         arr = numpy_helper.to_array(tensor)
@@ -199,7 +198,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
 
     ``memo`` (a dict kept by the caller across builds of one model) reuses the Q/DQ node and scale
     protos and quantized biases of earlier builds: they depend only on the values in the key.
-    ``fused`` writes FakeQuant nodes, which need the library of :func:`tuner.simulate.fakequant.library`.
+    ``fused`` writes FakeQuant nodes, which need the library of :func:`tuner.runtime.fakequant.library`.
     """
     memo = {} if memo is None else memo
     new_inits: dict[str, onnx.TensorProto] = {}

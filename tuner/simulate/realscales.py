@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tuner.candidate import Calibration
+from tuner.inputs.calibrated import HzNode, MappedThresholds
 from tuner.simulate.scales import QMAX, Scale
-from tuner.toolchain.calibrated import HzNode, MappedThresholds
 
 _ZP = {"int8": np.int8, "int16": np.int16, "uint8": np.uint8}
 

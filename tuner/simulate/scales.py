@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tuner.calib.methods import channel_thresholds
-from tuner.calib.thresholds import ThresholdMemo
 from tuner.calib.stats import TensorStats
+from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration
 
 QMAX = {"int8": 127, "int16": 32767, "uint8": 255}

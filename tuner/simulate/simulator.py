@@ -26,15 +26,24 @@ from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
 from tuner.metrics.task import TaskScore, load_user_metrics
-from tuner.simulate import fakequant
-from tuner.simulate.calibrate import (DEFAULT_SEARCH_SAMPLES, MIX_SENSITIVITY_SAMPLES, DefaultChoice, MixedCalibration,
-                                      MixScales, calibration_nodes, choose_default, choose_mix, search_score,
-                                      single_node_plan)
+from tuner.runtime import fakequant
+from tuner.runtime.session import make_session, run_samples, with_outputs
+from tuner.simulate.calibrate import (
+    DEFAULT_SEARCH_SAMPLES,
+    MIX_SENSITIVITY_SAMPLES,
+    DefaultChoice,
+    MixedCalibration,
+    MixScales,
+    calibration_nodes,
+    choose_default,
+    choose_mix,
+    search_score,
+    single_node_plan,
+)
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
 from tuner.simulate.realscales import RealCalibration, RealScales
 from tuner.simulate.scales import ScaleTable
-from tuner.simulate.session import make_session, run_samples, with_outputs
 
 #: Evaluation inputs up to this size stay in memory after set-up (beyond it they are streamed from disk).
 SAMPLE_CACHE_BYTES = 512 * 2**20
@@ -99,7 +108,7 @@ class Simulator:
         self.user_fns = load_user_metrics(self.task_metrics, user_base)
         self.graph = Graph(model.proto, model.names)
         # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
-        # (same values, bit for bit; tuner.simulate.fakequant).
+        # (same values, bit for bit; tuner.runtime.fakequant).
         self.fused = fakequant.library() is not None
         self.weights = WeightCache()
         self.external = ExternalWeights()
@@ -149,7 +158,7 @@ class Simulator:
 
     # -- calibration -------------------------------------------------------------------
     def use_thresholds(self, real, honour_qtypes: bool = True) -> None:
-        """Simulate with hb_mapper's real thresholds (a :class:`~tuner.toolchain.calibrated.MappedThresholds`
+        """Simulate with hb_mapper's real thresholds (a :class:`~tuner.inputs.calibrated.MappedThresholds`
         from its calibrated model) instead of tuner's calibration; None: back to tuner's own.
         ``honour_qtypes``: the real qtypes win over the plan's int8/int16 (see tuner.simulate.realscales)."""
         self.real = real

@@ -19,12 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.errors import TunerError
-from tuner.simulate import fakequant
+from tuner.inputs.calibrated import OP, QMAX, CalibratedModel, HzNode
+from tuner.metrics import Similarity
+from tuner.runtime import fakequant
+from tuner.runtime.session import make_session, run_samples
 from tuner.simulate.realscales import node_scale
-from tuner.toolchain.calibrated import OP, QMAX, CalibratedModel, HzNode
 
 HORIZON = "horizon"
 MS = "com.microsoft"
@@ -168,7 +171,7 @@ class PcCheck:
                 "notes": self.notes, "mean_cosine": self.mean_cosine}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PcCheck":
+    def from_dict(cls, d: dict) -> PcCheck:
         return cls(outputs=d["outputs"], samples=d["samples"], switched_off_cosine=d["switched_off_cosine"],
                    replaced=d["replaced"], identities=d["identities"], standins=dict(d.get("standins", {})),
                    notes=list(d.get("notes", [])))
@@ -176,11 +179,6 @@ class PcCheck:
 
 def check_on_pc(cal: CalibratedModel, float_model: onnx.ModelProto, data, threads: int | None = None) -> PcCheck:
     """Run the calibrated model (fake quant) and the float model on ``data`` (the YAML's samples)."""
-    import onnxruntime as ort
-
-    from tuner.metrics import Similarity
-    from tuner.simulate.session import make_session, run_samples
-
     fq = runnable_model(cal)
     off = runnable_model(cal, switch_off=True)
     names = [o.name for o in float_model.graph.output]

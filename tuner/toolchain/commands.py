@@ -131,7 +131,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_import_calibrated(args: argparse.Namespace) -> int:
-    from tuner.toolchain.calibrated import read_calibrated
+    from tuner.inputs.calibrated import read_calibrated
     from tuner.toolchain.calibrated_report import build_report
     from tuner.workspace import Workspace, progress_printer
 

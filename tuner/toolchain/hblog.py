@@ -151,7 +151,7 @@ class HbLog:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "HbLog":
+    def from_dict(cls, d: dict[str, Any]) -> HbLog:
         d = dict(d)
         d["nodes"] = [NodeRecord(**n) for n in d.get("nodes", [])]
         d["outputs"] = [OutputRecord(**o) for o in d.get("outputs", [])]

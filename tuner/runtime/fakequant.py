@@ -28,6 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.files import cache_dir
 
 DOMAIN = "tuner.sim"
 OP = "FakeQuant"
@@ -98,10 +102,6 @@ def _cpu_flags() -> str:
 
 
 def _find_or_build() -> str | None:
-    import onnxruntime as ort
-
-    from tuner.calib.collect import cache_dir
-
     cc = _compiler()
     if cc is None:
         log.warning("tuner: no C compiler (set CC, or install gcc) for the fused fake-quant kernel; using "
@@ -130,7 +130,7 @@ def _find_or_build() -> str | None:
             log.warning("tuner: could not compile the fused fake-quant kernel with %s; using QuantizeLinear/"
                         "DequantizeLinear pairs (same results, slower):\n%s", cc, run.stderr.strip()[-2000:])
             return None
-        check = subprocess.run([sys.executable, "-c", "import sys; from tuner.simulate.fakequant import "
+        check = subprocess.run([sys.executable, "-c", "import sys; from tuner.runtime.fakequant import "
                                 "self_check; self_check(sys.argv[1])", tmp], capture_output=True, text=True,
                                timeout=300, env={**os.environ, "TUNER_FAKEQUANT": "0"})
         if check.returncode != 0:
@@ -160,9 +160,6 @@ def _check_values(rng: np.random.Generator, shape: tuple[int, ...], scale: float
 def self_check(path: str) -> None:
     """Raise (exit non-zero in the checking process) unless FakeQuant in ``path`` equals
     QuantizeLinear -> DequantizeLinear bit for bit, for every dtype, per tensor and per channel."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
     rng = np.random.default_rng(0)
     shape = (2, 5, 7, 9)   # odd sizes: vector loops and their remainders
     cases = []
