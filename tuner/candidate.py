@@ -37,7 +37,7 @@ class Calibration:
             raise TunerError(f"max_percentile must be in (0, 1], got {self.max_percentile}")
 
     @classmethod
-    def parse(cls, spec: str) -> "Calibration":
+    def parse(cls, spec: str) -> Calibration:
         """A short command-line form: ``max``, ``kl``, ``max:0.99995`` (percentile), ``+pc``
         for per-channel, e.g. ``max:0.99995+pc``."""
         text = spec.strip()
@@ -93,7 +93,7 @@ class NodeSetting:
     output_type: str | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, str]) -> "NodeSetting":
+    def from_dict(cls, d: dict[str, str]) -> NodeSetting:
         per_input = []
         for key, value in d.items():
             m = _INPUT_K.match(key)
@@ -136,7 +136,7 @@ class Candidate:
 
     @classmethod
     def make(cls, calibration: Calibration | None = None, nodes: dict[str, NodeSetting | dict] | None = None,
-             optimization: tuple[str, ...] = ()) -> "Candidate":
+             optimization: tuple[str, ...] = ()) -> Candidate:
         items = []
         for name, s in (nodes or {}).items():
             setting = s if isinstance(s, NodeSetting) else NodeSetting.from_dict(s)
@@ -145,7 +145,7 @@ class Candidate:
         return cls(calibration or Calibration(), tuple(sorted(items)), tuple(optimization))
 
     @classmethod
-    def from_config(cls, cfg: HbConfig, node_info_supported: bool = True) -> "Candidate":
+    def from_config(cls, cfg: HbConfig, node_info_supported: bool = True) -> Candidate:
         """The candidate a YAML describes. Without node_info support (bernoulli2) only the
         legacy ``run_on_cpu``/``run_on_bpu`` lists count, as on the real tool."""
         cal = Calibration(type=cfg.calibration_type,
@@ -156,7 +156,7 @@ class Candidate:
                         tuple(o for o in cfg.optimization if o != "asymmetric"))
 
     @classmethod
-    def from_yaml_fields(cls, fields: dict[str, Any]) -> "Candidate":
+    def from_yaml_fields(cls, fields: dict[str, Any]) -> Candidate:
         """Inverse of :meth:`to_yaml_fields` (and of any hb_mapper YAML's two sections)."""
         mp = fields.get("model_parameters") or {}
         cp = fields.get("calibration_parameters") or {}
@@ -188,7 +188,7 @@ class Candidate:
                 return s
         return NodeSetting()
 
-    def with_calibration(self, calibration: Calibration) -> "Candidate":
+    def with_calibration(self, calibration: Calibration) -> Candidate:
         return replace(self, calibration=calibration)
 
     def key(self) -> str:

@@ -74,9 +74,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from tuner.study.runner import Search, duration, install_stop_handlers, redact, run
-
     import signal
+
+    from tuner.study.runner import Search, duration, install_stop_handlers, redact, run
 
     # During set-up Ctrl-C interrupts at once (a process started in the background inherits
     # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
@@ -291,9 +291,10 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 
 
 def _print_summary(study, paths, mode: str, min_accuracy) -> None:
+    from optuna.trial import TrialState
+
     from tuner.report.text import table
     from tuner.study.results import best, pareto, rows
-    from optuna.trial import TrialState
 
     rs = rows(study)
     states = [t.state for t in study.get_trials(deepcopy=False)]

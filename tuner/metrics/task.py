@@ -26,9 +26,10 @@ import importlib.util
 import math
 import numbers
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
