@@ -9,32 +9,17 @@ shared with the search's top-K, warm start and report.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner.candidate import Calibration, Candidate
 from tuner.inputs.config import read_yaml
-from tuner.sensitivity import SensitivityRow, sensitivity_table
+from tuner.sensitivity import Ranking, Sensitivity, sensitivity_table
 from tuner.study.runner import StudyPaths, _reference_calibration, node_sensitivity
 from tuner.study.space import free_nodes, load_space
 from tuner.workspace import Workspace
 
 Progress = Callable[[int, int], None]
-
-
-@dataclass
-class Ranking:
-    label: str                   # as asked for (--calibration), else the calibration's description
-    calibration: Calibration     # the calibration simulated (``default``/``mix`` resolved)
-    rows: list[SensitivityRow]   # most sensitive first
-
-
-@dataclass
-class Sensitivity:
-    metric: str
-    runs: list[Ranking]
-    shared: Path | None = None   # a space's cached leave-one-float gains, when they were used
 
 
 def is_space(raw: Any) -> bool:

@@ -7,7 +7,7 @@ import io
 from typing import Any
 
 from tuner.console import table
-from tuner.rank import Sensitivity
+from tuner.sensitivity import Sensitivity
 
 CSV_COLUMNS = ["node", "op_type", "float_gain", "alone_int8_accuracy", "alone_int8_cosine", "alone_int8_sqnr_db",
                "alone_int16_accuracy", "alone_int16_cosine", "alone_int16_sqnr_db", "calibration"]
