@@ -30,7 +30,8 @@ class Row:
 
     @property
     def record(self) -> dict[str, Any]:
-        return self.trial.user_attrs[RECORD]
+        record: dict[str, Any] = self.trial.user_attrs[RECORD]
+        return record
 
 
 def rows(study: optuna.Study) -> list[Row]:

@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
@@ -78,7 +79,8 @@ HEARTBEAT_S = 20
 GRACE_FACTOR = 3
 
 
-def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = HEARTBEAT_S, max_retry: int = 1):
+def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = HEARTBEAT_S,
+                 max_retry: int = 1) -> Any:
     """Default: an Optuna journal file in the study folder (multi-process safe, cheap writes);
     else any Optuna storage URL (sqlite:///..., postgresql://...) or a journal file path.
 
@@ -153,9 +155,9 @@ class Search:
     heartbeat: float | None = None  # database storages: seconds between heartbeats (None: HEARTBEAT_S)
     max_retry: int = 1              # times a trial orphaned by a dead worker is re-queued
     budget: int | None = None       # completed trials the study should end with (set by optimize_until)
-    _done: dict[str, tuple[int, list[float], dict]] = field(default_factory=dict)
+    _done: dict[str, tuple[int, list[float], dict[str, Any]]] = field(default_factory=dict)
     _seen: set[int] = field(default_factory=set)
-    _last_written: tuple | None = None
+    _last_written: tuple[Any, ...] | None = None
     _last_front: list[tuple[float, float]] = field(default_factory=list)
     _last_best: results.Row | None = None
     _traces: dict[str, Any] = field(default_factory=dict)
@@ -200,9 +202,9 @@ class Search:
 
     @property
     def mode(self) -> str:
-        return self.space.objectives["mode"]
+        return str(self.space.objectives["mode"])
 
-    def directions(self) -> list[str]:
+    def directions(self) -> list[Any]:
         return {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"], "latency": ["minimize"]}[self.mode]
 
     def sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -223,7 +225,7 @@ class Search:
     def study(self, seed: int | None = None, create: bool = True) -> optuna.Study:
         storage = make_storage(self.storage_url, self.paths, HEARTBEAT_S if self.heartbeat is None else self.heartbeat,
                                self.max_retry)
-        attrs = {"version": __version__, "name": self.name, "mode": self.mode,
+        attrs: dict[str, Any] = {"version": __version__, "name": self.name, "mode": self.mode,
                  "objectives": self.space.objectives, "space_path": str(self.space.path.resolve()),
                  "base_path": str(self.space.base), "march": self.ws.target.march,
                  "node_info_supported": self.ws.node_info_supported, "fingerprints": self.fingerprints()}
@@ -359,7 +361,7 @@ class Search:
         return len(plans)
 
     # ---------------------------------------------------------------- trials
-    def clean_zombies(self, study: optuna.Study, pids=None) -> list[int]:
+    def clean_zombies(self, study: optuna.Study, pids: list[int] | None = None) -> list[int]:
         """RUNNING trials whose worker process on this host is gone -> FAIL (re-queued ``max_retry`` times)."""
         from tuner.study.orphans import reap
 
@@ -387,7 +389,7 @@ class Search:
             if rec and t.values is not None and "duplicate_of" not in rec:
                 self._done.setdefault(rec["key"], (t.number, list(t.values), rec))
 
-    def lookup(self, study: optuna.Study, key: str) -> tuple[int, list[float], dict] | None:
+    def lookup(self, study: optuna.Study, key: str) -> tuple[int, list[float], dict[str, Any]] | None:
         """The stored result of a candidate already evaluated, by this worker or any other."""
         if key not in self._done:
             self.load_done(study)
@@ -482,7 +484,7 @@ class Search:
         does not change the best costs nothing)."""
         from tuner.report.html import Trace
 
-        want = []
+        want: list[tuple[str, int | None, Any]] = []
         best = results.best(rs, self.mode, self.space.objectives["min_accuracy"])
         if best is not None:
             want.append((f"trial {best.number} (exported)", best.number, best.record["candidate"]))
@@ -619,7 +621,7 @@ def study_info(study: optuna.Study) -> dict[str, Any]:
     info = study.user_attrs.get(STUDY_ATTR)
     if not info:
         raise TunerError(f"study {study.study_name!r} was not made by tuner")
-    return info
+    return cast(dict[str, Any], info)
 
 
 def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path = "results") -> tuple[optuna.Study, StudyPaths]:
@@ -703,7 +705,7 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
     enqueued = search.enqueue_warm_start(study)
     search.load_done(study)
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    info = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
+    info: dict[str, Any] = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
     bar = _progress(n_trials, done, timeout) if progress else None
 
     def on_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -756,7 +758,7 @@ def run(search: Search, n_trials: int, timeout: float | None, jobs: int, seed: i
 STOP = threading.Event()
 
 
-def install_stop_handlers(say=None) -> None:
+def install_stop_handlers(say: Callable[[str], None] | None = None) -> None:
     """First Ctrl-C or SIGTERM: finish the running trial, then stop. Second: abort it now.
 
     A KeyboardInterrupt raised at an arbitrary point can land inside Optuna's bookkeeping; a
@@ -764,7 +766,7 @@ def install_stop_handlers(say=None) -> None:
     """
     import signal
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: Any) -> None:
         if STOP.is_set():
             raise KeyboardInterrupt
         STOP.set()
@@ -775,7 +777,7 @@ def install_stop_handlers(say=None) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _say(text: str, bar) -> None:
+def _say(text: str, bar: Any) -> None:
     import sys
 
     if bar is not None and not bar.disable:
@@ -784,7 +786,7 @@ def _say(text: str, bar) -> None:
         print(text, file=sys.stderr)
 
 
-def _progress(total: int, done: int, timeout: float | None):
+def _progress(total: int, done: int, timeout: float | None) -> Any:
     from tqdm import tqdm
 
     import sys
@@ -852,7 +854,7 @@ def _may_start(search: Search, study: optuna.Study, n_trials: int, deadline: flo
 
 
 def optimize_until(search: Search, study: optuna.Study, n_trials: int, timeout: float | None,
-                   callbacks: list, should_stop=lambda: False) -> None:
+                   callbacks: list[Any], should_stop: Callable[[], bool] = lambda: False) -> None:
     """Run trials until the study holds exactly ``n_trials`` completed ones, with any number of
     workers (processes, machines) doing the same: each trial starts only when the budget has
     room (``_may_start``), and a trial started in a race for the last slot gives way
@@ -866,7 +868,7 @@ def optimize_until(search: Search, study: optuna.Study, n_trials: int, timeout: 
         study.optimize(search.objective, n_trials=1, catch=(Exception,), callbacks=callbacks, gc_after_trial=False)
 
 
-def _reaper(search: Search):
+def _reaper(search: Search) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """An Optuna callback: after each trial, fail (and re-queue) the trials of dead workers."""
     def callback(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         _reap_dead(search, st)
@@ -908,7 +910,7 @@ def _worker(spec: dict[str, Any]) -> None:
 
 
 def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: float | None, jobs: int,
-                 seed: int | None, bar) -> list[int]:
+                 seed: int | None, bar: Any) -> list[int]:
     """``jobs`` worker processes on one study (processes, not threads: the simulator is CPU-bound).
 
     Each worker gets cores // jobs onnxruntime threads, so the workers together do not
@@ -932,7 +934,7 @@ def _run_workers(search: Search, study: optuna.Study, n_trials: int, timeout: fl
     reaped: set[int] = set()
 
     def reap_children() -> None:
-        dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid not in reaped]
+        dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid is not None and p.pid not in reaped]
         if dead:
             reaped.update(dead)
             search.clean_zombies(study, pids=dead)

@@ -16,7 +16,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import onnx
 import yaml
@@ -25,7 +26,7 @@ from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.inputs.config import read_yaml
-from tuner.metrics.task import higher_is_better, parse_metric_spec
+from tuner.metrics.task import MetricSpec, higher_is_better, parse_metric_spec
 
 DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 
@@ -39,10 +40,11 @@ ACCURACY = re.compile(r"^(mean_cosine|min_cosine|mean_sqnr|(cosine|sqnr):.+)$")
 
 
 def _defaults() -> dict[str, Any]:
-    return yaml.safe_load(DEFAULTS_PATH.read_text(encoding="utf-8"))
+    defaults: dict[str, Any] = yaml.safe_load(DEFAULTS_PATH.read_text(encoding="utf-8"))
+    return defaults
 
 
-def _merge(defaults: dict, given: dict, where: str, path: Path) -> dict:
+def _merge(defaults: dict[str, Any], given: dict[str, Any], where: str, path: Path) -> dict[str, Any]:
     out = copy.deepcopy(defaults)
     for key, value in given.items():
         if key not in defaults:
@@ -85,21 +87,21 @@ class SearchSpace:
 
     @property
     def nodes(self) -> dict[str, Any]:
-        return self.raw["nodes"]
+        return cast(dict[str, Any], self.raw["nodes"])
 
     @property
     def calibration(self) -> dict[str, Any]:
-        return self.raw["calibration"]
+        return cast(dict[str, Any], self.raw["calibration"])
 
     @property
     def objectives(self) -> dict[str, Any]:
-        return self.raw["objectives"]
+        return cast(dict[str, Any], self.raw["objectives"])
 
     @property
     def study(self) -> dict[str, Any]:
-        return self.raw["study"]
+        return cast(dict[str, Any], self.raw["study"])
 
-    def task_metrics(self) -> list:
+    def task_metrics(self) -> list[MetricSpec]:
         """The task metrics the evaluations must compute: the objective's (if a task metric) and report's."""
         texts = list(self.objectives["report"])
         if not ACCURACY.match(self.objectives["accuracy"]):
@@ -115,14 +117,15 @@ class SearchSpace:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _task_spec(where: str, text: Any):
+def _task_spec(where: str, text: Any) -> MetricSpec:
     try:
         return parse_metric_spec(str(text))
     except TunerError as exc:
         raise TunerError(f"{where}: {exc}") from None
 
 
-def _list(where: str, value: Any, allowed: tuple | None = None, kind: type | tuple = str) -> list:
+def _list(where: str, value: Any, allowed: tuple[Any, ...] | None = None,
+          kind: type | tuple[type, ...] = str) -> list[Any]:
     if not isinstance(value, list) or not value:
         raise TunerError(f"{where}: expected a non-empty list, got {value!r}")
     for v in value:
@@ -318,10 +321,10 @@ class ResolvedSpace:
     graph: Graph
     base: Candidate
     decisions: list[Decision]
-    calibration_params: dict[str, list]
+    calibration_params: dict[str, list[Any]]
     notes: list[str] = field(default_factory=list)
 
-    def distributions(self):
+    def distributions(self) -> dict[str, Any]:
         import optuna
 
         d = {dec.param: optuna.distributions.CategoricalDistribution(list(dec.choices)) for dec in self.decisions}
@@ -350,7 +353,7 @@ class ResolvedSpace:
         return Calibration(type=ctype, max_percentile=float(pct) if ctype == "max" and float(pct) < 1.0 else None,
                            per_channel=bool(pc) if ctype in ("max", "kl") else False)
 
-    def params_for(self, calibration: Calibration, choices: dict[str, str] | None = None) -> dict[str, Any]:
+    def params_for(self, calibration: Calibration, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Parameters that reproduce ``calibration`` and per-node ``choices`` (others at hb defaults)."""
         params: dict[str, Any] = {}
         for dec in self.decisions:
