@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -135,7 +136,8 @@ class Candidate:
     optimization: tuple[str, ...] = ()
 
     @classmethod
-    def make(cls, calibration: Calibration | None = None, nodes: dict[str, NodeSetting | dict] | None = None,
+    def make(cls, calibration: Calibration | None = None,
+             nodes: Mapping[str, NodeSetting | dict[str, Any]] | None = None,
              optimization: tuple[str, ...] = ()) -> Candidate:
         items = []
         for name, s in (nodes or {}).items():

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.candidate import Calibration, Candidate, NodeSetting
+from tuner.candidate import Candidate, NodeSetting
 from tuner.files import write_atomic
 from tuner.metrics.accuracy import accuracy
-from tuner.simulate import Simulator
+from tuner.simulate import Resolved, Simulator
 
 
 def leave_one_float(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
@@ -108,7 +108,7 @@ def sensitivity_table(sim: Simulator, base: Candidate, nodes: list[str], metric:
 @dataclass
 class Ranking:
     label: str                   # as asked for (--calibration), else the calibration's description
-    calibration: Calibration     # the calibration simulated (``default``/``mix`` resolved)
+    calibration: Resolved        # the calibration simulated (``default``/``mix`` resolved)
     rows: list[SensitivityRow]   # most sensitive first
 
 

@@ -16,11 +16,11 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Candidate
 from tuner.console import progress_printer as progress_printer  # re-exported: study/ imports it from here
 from tuner.graph import Graph, Target, load_target
-from tuner.inputs.calibrated import load_thresholds
+from tuner.inputs.calibrated import MappedThresholds, load_thresholds
 from tuner.inputs.config import HbConfig, load_config
 from tuner.inputs.data import DataSet, dataset_from_config
 from tuner.inputs.model import LoadedModel, load_model
-from tuner.metrics.task import LabelSet
+from tuner.metrics.task import LabelSet, MetricSpec
 from tuner.simulate import Simulator
 
 
@@ -80,13 +80,13 @@ class Workspace:
             ws.real_honour_qtypes = False
         return ws
 
-    task_metrics: list = field(default_factory=list)
-    labels: object = None
+    task_metrics: list[MetricSpec] = field(default_factory=list)
+    labels: LabelSet | None = None
     user_base: Path | None = None   # the folder user metrics (file.py:function) are found relative to
-    real_thresholds: object = None  # hb_mapper's (tuner.inputs.calibrated.MappedThresholds), else tuner's own
+    real_thresholds: MappedThresholds | None = None  # hb_mapper's, else tuner's own
     real_honour_qtypes: bool = True
 
-    def use_task_metrics(self, specs: list, label_patterns: dict[str, str], base: Path) -> None:
+    def use_task_metrics(self, specs: list[MetricSpec], label_patterns: dict[str, str], base: Path) -> None:
         """Compute these task metrics in every evaluation, against these label files where given."""
         self.task_metrics = list(specs)
         self.labels = LabelSet(label_patterns, base, len(self.eval_data)) if label_patterns else None

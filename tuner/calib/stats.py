@@ -165,6 +165,7 @@ class StatsCollector:
 
     def _grow(self, exp: int) -> None:
         """Double the range (exp - self._exp) times: merge groups of 2**k adjacent bins at once."""
+        assert self._exp is not None   # the range exists once a nonzero value was seen
         k = min(exp - self._exp, self._log2_nbins)
         merged = self._hist.reshape(-1, 1 << k).sum(axis=1)
         self._hist = np.zeros(self._nbins, dtype=np.int64)
@@ -181,10 +182,9 @@ class StatsCollector:
             ch = self._channel_absmax.copy()
             ch.setflags(write=False)
         empty = self._count == 0
-        max_hist: np.ndarray | None = np.zeros(self._nbins, dtype=np.int64)
-        if self._running_max is None:
-            max_hist = None
-        else:
+        max_hist: np.ndarray | None = None
+        if self._running_max is not None:
+            max_hist = np.zeros(self._nbins, dtype=np.int64)
             if self._exp is None:
                 max_hist[0] = self._running_max.size
             else:
@@ -241,7 +241,7 @@ def save_stats(path: str | os.PathLike, stats: dict[str, TensorStats], meta: dic
             arrays[f"max_hist_{i}"] = np.asarray(s.max_hist, dtype=np.int64)
 
     with atomic_file(path, binary=True, fsync=True) as f:
-        np.savez_compressed(f, **arrays)  # histograms are mostly zeros: compresses well
+        np.savez_compressed(f, allow_pickle=False, **arrays)  # histograms are mostly zeros: compresses well
 
 
 def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[str, str]]:

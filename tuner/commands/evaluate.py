@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from tuner.commands import args as a
 from tuner.errors import TunerError
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and args.no_nodes:
         raise TunerError("--trace shows the per-node values that --no-nodes skips; use one of them")
     ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)
-    info = {
+    info: dict[str, Any] = {
         "config": str(ws.config.path),
         "model": {"path": str(ws.model.path), "sha256": ws.model.fingerprint},
         "calibration_data": {"folders": [str(i.folder) for i in ws.calibration_data.inputs],

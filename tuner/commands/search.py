@@ -195,6 +195,7 @@ def report(args: argparse.Namespace) -> int:
     info = study_info(study)
     notes: list[str] = []
     search: Search | None
+    out: Path | None
     try:
         search = Search.open(info["space_path"], study.study_name, args.storage, paths.root.parent, args.threads)
         changed = [k for k in FINGERPRINTS if search.fingerprints()[k] != info["fingerprints"].get(k)]

@@ -71,14 +71,14 @@ def import_log(args: argparse.Namespace) -> int:
         target = ws.target
     changes = None
     if args.update_target:
-        if comparison is None:
+        if comparison is None or target is None:
             raise TunerError("--update-target needs --config YAML (or --study/--trial): the tool's decisions are "
                              "compared with what tuner assumed for that YAML")
         from tuner.toolchain.learn import write_learned_target
 
         changes = write_learned_target(comparison, target, Path(args.update_target))
     if args.json:
-        out = {"log": log.as_dict()}
+        out: dict[str, Any] = {"log": log.as_dict()}
         if comparison is not None:
             out["comparison"] = comparison.as_dict()
         if record is not None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import onnx
@@ -215,7 +216,9 @@ def _fold(model: onnx.ModelProto, names: NameMap) -> None:
                         body = helper.make_graph([node], "fold", [helper.make_tensor_value_info(t, consts[t].data_type, None)
                                                                   for t in feeds], [helper.make_tensor_value_info(o, 0, None)
                                                                                     for o in node.output if o])
-                        value = list(ReferenceEvaluator(helper.make_model(body, opset_imports=opset)).run(None, feeds))
+                        # run(None, ...) returns the list of outputs
+                        value = list(cast(list[np.ndarray],
+                                          ReferenceEvaluator(helper.make_model(body, opset_imports=opset)).run(None, feeds)))
                     except Exception:
                         value = None   # an op the reference cannot run stays (hb_mapper may fold it; rare)
         if value is None:

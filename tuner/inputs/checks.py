@@ -308,6 +308,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                 findings.append(problem)
                 ok = False
                 continue
+            assert raw is not None   # read, or a problem found
             axis = data.channel_axis
             rawc = _channels_first(raw, axis).reshape(channels[k], -1)
             nan = np.isnan(rawc).sum(axis=1)

@@ -166,6 +166,7 @@ def _per_channel(values: tuple[float, ...] | None, shape: tuple[int, ...], layou
     if len(shape) != 4:
         return arr.reshape(()) if arr.size == 1 else arr
     axis = channel_axis(shape, layout)
+    assert axis is not None   # 4-D
     channels = shape[axis]
     if arr.size not in (1, channels):
         raise TunerError(f"mean_value/scale_value give {arr.size} values for an input with {channels} channels")

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -108,8 +109,7 @@ def yaml_preprocess(spec: InputSpec, shape: tuple[int, ...]) -> PreprocessFn:
         try:
             with Image.open(path) as img:
                 mode = {"gray": "L", "yuv444": "YCbCr"}.get(spec.type_train, "RGB")
-                img = img.convert(mode).resize((width, height), Image.BILINEAR)
-                a = np.asarray(img, dtype=np.float32)
+                a = np.asarray(img.convert(mode).resize((width, height), Image.Resampling.BILINEAR), dtype=np.float32)
         except (OSError, ValueError) as exc:
             raise TunerError(f"{path}: not a readable image ({exc})") from None
         if gray:
@@ -204,7 +204,7 @@ def _to_dtype(x: np.ndarray, dtype: str, image: Path, label: str, source: str) -
             raise TunerError(f"preprocessing {label!r} returned non-integer values for {image} (e.g. "
                              f"{example:.6g}) but cal_data_type is {dtype!r}{source}; "
                              "return integer pixels (0..255) or set calibration_parameters.cal_data_type: 'float32'")
-    info = np.iinfo(np_type)
+    info = np.iinfo(cast("type[np.integer[Any]]", np_type))   # an integer cal_data_type here
     lo, hi = (float(r.min()), float(r.max())) if r.size else (0.0, 0.0)
     if lo < info.min or hi > info.max:
         raise TunerError(f"preprocessing {label!r} returned values {lo:g}..{hi:g} for {image}, outside "
@@ -511,7 +511,7 @@ def _diagnose(acc: _PairAcc, data: InputData, tol: np.ndarray, report: Preproces
     cos = [o for o in report.outputs if o.cosine is not None]
     effect = ""
     if cos:
-        low = min(cos, key=lambda o: o.cosine)
+        low = min(cos, key=lambda o: o.cosine or 0.0)
         effect = f"; float model output {low.output!r} cosine {low.cosine:.6f} between the two"
     fix = (f"; regenerate them with 'tuner make-cal-data {config.path} {report.images} --preprocess "
            f"{report.preprocess} --out {data.folder} --force' (or fix the script that wrote them)")
@@ -523,8 +523,11 @@ def _diagnose(acc: _PairAcc, data: InputData, tol: np.ndarray, report: Preproces
     good = [(sw, a, b) for sw, a, b, r in fits if np.all(r <= FIT_TOL)]
     if swapped_exact or good:
         # prefer the pairing that needs no swap; among equals, the one with the smaller residual
-        sw, a, b = (True, *fits[1][1:3]) if swapped_exact else good[0]
-        code, text = _signature(a, b, frange, data)
+        sw, a, b = (True, fits[1][1], fits[1][2]) if swapped_exact else good[0]
+        sig = _signature(a, b, frange, data)
+        # (as before: a fit _signature does not name fails here; see the cli15 report)
+        assert sig is not None, "an exact fit without a known signature"
+        code, text = sig
         if sw:
             ttype = config.inputs[0].type_train
             said = f" (the YAML says input_type_train {ttype!r})" if ttype in ("rgb", "bgr") else ""

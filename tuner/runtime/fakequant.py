@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -63,12 +64,14 @@ def library() -> str | None:
     return _library
 
 
-def bounds(zero_point: np.ndarray) -> tuple[float, float] | None:
+def bounds(zero_point: np.ndarray | np.integer[Any]) -> tuple[float, float] | None:
     """(lo, hi) of ``round(x / s)`` for this zero point, or None when FakeQuant cannot express it
     (zero points that differ per channel)."""
     zp = np.asarray(zero_point)
-    qmin, qmax = QRANGE.get(zp.dtype.char, (None, None))
-    if qmin is None or (zp.size > 1 and not (zp == zp.flat[0]).all()):
+    if zp.dtype.char not in QRANGE:
+        return None
+    qmin, qmax = QRANGE[zp.dtype.char]
+    if (zp.size > 1 and not (zp == zp.flat[0]).all()):
         return None
     z = int(zp.flat[0]) if zp.size else 0
     return float(qmin - z), float(qmax - z)
@@ -175,8 +178,10 @@ def self_check(path: str) -> None:
     opts.log_severity_level = 3
     for k, (scale, zp) in enumerate(cases):
         axis = 1 if scale.ndim else None
-        lo, hi = bounds(zp)
-        attrs = {"axis": axis} if axis is not None else {}
+        lo_hi = bounds(zp)
+        assert lo_hi is not None   # every case has one zero point
+        lo, hi = lo_hi
+        attrs: dict[str, Any] = {"axis": axis} if axis is not None else {}
         inits = [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zp, "z")]
         nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], domain="com.microsoft", **attrs),
                  helper.make_node("DequantizeLinear", ["q", "s", "z"], ["ref"], domain="com.microsoft", **attrs),

@@ -13,6 +13,8 @@ import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -22,10 +24,11 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
+from tuner.inputs.calibrated import MappedThresholds
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
-from tuner.metrics.task import TaskScore, load_user_metrics
+from tuner.metrics.task import LabelSet, MetricSpec, TaskScore, load_user_metrics
 from tuner.runtime import fakequant
 from tuner.runtime.session import make_session, run_samples, with_outputs
 from tuner.simulate.calibrate import (
@@ -43,7 +46,10 @@ from tuner.simulate.calibrate import (
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, weight_axis
 from tuner.simulate.realscales import RealCalibration, RealScales
-from tuner.simulate.scales import ScaleTable
+from tuner.simulate.scales import Scales, ScaleTable
+
+#: The explicit calibration a candidate is simulated with: ``default`` and ``mix`` resolved, or hb_mapper's.
+Resolved = Calibration | MixedCalibration | RealCalibration
 
 #: Evaluation inputs up to this size stay in memory after set-up (beyond it they are streamed from disk).
 SAMPLE_CACHE_BYTES = 512 * 2**20
@@ -66,7 +72,7 @@ class NodeRow:
 @dataclass
 class Evaluation:
     candidate: Candidate
-    calibration: Calibration | MixedCalibration   # the explicit calibration that was simulated
+    calibration: Resolved   # the explicit calibration that was simulated
     outputs: dict[str, dict[str, float]]
     plan: Plan
     task: dict[str, float] = field(default_factory=dict)     # task metrics by spec text ("miou:seg")
@@ -95,7 +101,8 @@ class Simulator:
 
     def __init__(self, model: LoadedModel, target: Target, stats: dict[str, TensorStats], data: DataSet,
                  threads: int | None = None, session_cache: int = 4, thresholds: ThresholdMemo | None = None,
-                 task_metrics: list | None = None, labels=None, user_base=None,
+                 task_metrics: list[MetricSpec] | None = None, labels: LabelSet | None = None,
+                 user_base: Path | None = None,
                  calibration_data: DataSet | None = None):
         self.model = model
         self.target = target
@@ -112,14 +119,15 @@ class Simulator:
         self.fused = fakequant.library() is not None
         self.weights = WeightCache()
         self.external = ExternalWeights()
-        self._build_memo: dict = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
-        self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
+        self._build_memo: dict[Any, Any] = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
+        self._sessions: OrderedDict[tuple[Any, ...], ort.InferenceSession] = OrderedDict()
         self._session_cache = session_cache
         self.calibration_data = calibration_data
-        self._search: tuple[list, list] | None = None   # (samples, float outputs) of the method searches
-        self._choices: dict[tuple, DefaultChoice | MixedCalibration] = {}
-        self._scale_tables: dict = {}
-        self.real = None                 # hb_mapper's real thresholds (use_thresholds), else None
+        # (samples, float outputs) of the method searches
+        self._search: tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]] | None = None
+        self._choices: dict[tuple[Any, ...], DefaultChoice | MixedCalibration] = {}
+        self._scale_tables: dict[Resolved, Scales] = {}
+        self.real: MappedThresholds | None = None   # hb_mapper's real thresholds (use_thresholds), else None
         self.real_honour_qtypes = True
         self.session_builds = 0
         self.search_evaluations = 0    # model runs of default's / mix's method comparison (not mix's per-node ones)
@@ -136,7 +144,7 @@ class Simulator:
         # evaluation does not read, check and preprocess every file again: 7.5 ms of a 125 ms
         # evaluation on the example model.
         self.reference = []
-        samples: list | None = []
+        samples: list[dict[str, np.ndarray]] | None = []
         self._labels: list[dict[str, np.ndarray]] | None = [] if labels is not None else None
         room = SAMPLE_CACHE_BYTES
         for i, (sample, outs) in enumerate(run_samples(float_session, names, data, threads, with_inputs=True)):
@@ -157,14 +165,14 @@ class Simulator:
         self.float_seconds = time.perf_counter() - t0
 
     # -- calibration -------------------------------------------------------------------
-    def use_thresholds(self, real, honour_qtypes: bool = True) -> None:
+    def use_thresholds(self, real: MappedThresholds | None, honour_qtypes: bool = True) -> None:
         """Simulate with hb_mapper's real thresholds (a :class:`~tuner.inputs.calibrated.MappedThresholds`
         from its calibrated model) instead of tuner's calibration; None: back to tuner's own.
         ``honour_qtypes``: the real qtypes win over the plan's int8/int16 (see tuner.simulate.realscales)."""
         self.real = real
         self.real_honour_qtypes = honour_qtypes
 
-    def scales(self, calibration: Calibration | MixedCalibration) -> ScaleTable | MixScales:
+    def scales(self, calibration: Resolved) -> Scales:
         if calibration not in self._scale_tables:
             if isinstance(calibration, RealCalibration):
                 self._scale_tables[calibration] = RealScales(calibration, self.scales(calibration.fallback))
@@ -174,11 +182,11 @@ class Simulator:
                 self._scale_tables[calibration] = ScaleTable(self.stats, calibration, self.thresholds)
         return self._scale_tables[calibration]
 
-    def resolve(self, candidate: Candidate) -> tuple[Calibration | MixedCalibration, list[str]]:
+    def resolve(self, candidate: Candidate) -> tuple[Resolved, list[str]]:
         """The explicit calibration to simulate; ``default`` and ``mix`` choose theirs as hb_mapper
         does (tuner.simulate.calibrate), once per (nodes, optimization)."""
         cal = candidate.calibration
-        if getattr(self, "real", None) is not None:
+        if self.real is not None:
             # tuner's scales only where hb_mapper calibrated nothing: the YAML's method when explicit
             fallback = cal if cal.type in ("max", "kl") else Calibration("max")
             real = RealCalibration(self.real, fallback, self.real_honour_qtypes)
@@ -213,7 +221,7 @@ class Simulator:
             self.thresholds.flush()
         return self._choices[key]
 
-    def _search_set(self) -> tuple[list[dict], list[dict]]:
+    def _search_set(self) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
         """(samples, float outputs) the method searches score on: the first DEFAULT_SEARCH_SAMPLES
         calibration samples (only those are read), else the first evaluation sample."""
         if self._search is None:
@@ -264,7 +272,8 @@ class Simulator:
         ev.seconds = time.perf_counter() - t0
         return ev
 
-    def tensors(self, candidate: Candidate, names: list[str], sample: dict) -> tuple[dict, dict]:
+    def tensors(self, candidate: Candidate, names: list[str],
+                sample: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(simulated, float) values of ``names`` on one sample: for debugging and tests."""
         calibration, _ = self.resolve(candidate)
         plan = self.plan(candidate)
@@ -275,7 +284,7 @@ class Simulator:
         ref = make_session(with_outputs(self.model.proto, list(names))).run(list(names), sample)
         return sim, dict(zip(names, ref))
 
-    def _session(self, candidate: Candidate, calibration: Calibration | MixedCalibration, plan: Plan,
+    def _session(self, candidate: Candidate, calibration: Resolved, plan: Plan,
                  extra: list[str]) -> ort.InferenceSession:
         key = (candidate.nodes, candidate.optimization, calibration, tuple(extra))
         if key in self._sessions:
@@ -291,7 +300,7 @@ class Simulator:
             self._sessions.popitem(last=False)
         return session
 
-    def _run(self, candidate: Candidate, calibration: Calibration | MixedCalibration, per_node: bool) -> Evaluation:
+    def _run(self, candidate: Candidate, calibration: Resolved, per_node: bool) -> Evaluation:
         plan = self.plan(candidate)
         extra = [n.outputs[0] for n in self.graph
                  if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
@@ -331,7 +340,7 @@ class Simulator:
             return {k: v.copy() for k, v in self._labels[i].items()}
         return self.labels.sample(i) if self.labels is not None else None
 
-    def _rows(self, plan: Plan, calibration: Calibration | MixedCalibration,
+    def _rows(self, plan: Plan, calibration: Resolved,
               sims: dict[str, Similarity]) -> list[NodeRow]:
         scales = self.scales(calibration)
         rows = []

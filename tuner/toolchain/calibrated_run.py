@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -66,8 +67,8 @@ def _standin(node: onnx.NodeProto, inits: list[TensorProto]) -> list[onnx.NodePr
                      "cannot run in plain onnxruntime")
 
 
-def _fake_quant(hz: HzNode, inits: list[TensorProto], fused: bool) -> list[onnx.NodeProto]:
-    s = node_scale(hz, hz.qtype, channel=len(hz.thresholds) > 1)
+def _fake_quant(hz: _WithInput, inits: list[TensorProto], fused: bool) -> list[onnx.NodeProto]:
+    s = node_scale(hz.node, hz.qtype, channel=len(hz.thresholds) > 1)
     base = hz.name
     scale = np.asarray(s.scale, np.float32)
     inits.append(numpy_helper.from_array(scale, f"{base}__scale"))
@@ -76,7 +77,7 @@ def _fake_quant(hz: HzNode, inits: list[TensorProto], fused: bool) -> list[onnx.
         return [fakequant.make_node(hz.tensor_input, f"{base}__scale", hz.output, f"{base}__FQ", *lo_hi, s.axis)]
     zp = np.asarray(s.zero_point)
     inits.append(numpy_helper.from_array(zp, f"{base}__zp"))
-    axis = {"axis": s.axis} if s.axis is not None else {}
+    axis: dict[str, Any] = {"axis": s.axis} if s.axis is not None else {}
     q = helper.make_node("QuantizeLinear", [hz.tensor_input, f"{base}__scale", f"{base}__zp"], [f"{base}__q"],
                          name=f"{base}__Q", domain=MS, **axis)
     if s.dequant is None:
@@ -102,8 +103,7 @@ def runnable_model(cal: CalibratedModel, switch_off: bool = False, fused: bool |
     nodes: list[onnx.NodeProto] = []
     for node in g.node:
         if node.op_type == OP:
-            hz = by_output[node.output[0]]
-            hz = _WithInput(hz, node.input[0])
+            hz = _WithInput(by_output[node.output[0]], node.input[0])
             if (switch_off or not hz.quantizes) and hz.dequantize_scale is not None and hz.per_channel:
                 # the float value the equalized Conv expects: x * dequantize_scale / s_c (its weight was
                 # pre-scaled by s_c / dequantize_scale); a plain identity would leave that scaling in
@@ -145,7 +145,11 @@ class _WithInput:
     def __init__(self, hz: HzNode, tensor_input: str):
         self._hz, self.tensor_input = hz, tensor_input
 
-    def __getattr__(self, name):
+    @property
+    def node(self) -> HzNode:
+        return self._hz
+
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._hz, name)
 
 

@@ -35,8 +35,8 @@ def spearman(a: list[float], b: list[float]) -> float | None:
     if len(a) != len(b) or len(a) < 3:
         return None
 
-    def ranks(x: list[float]) -> np.ndarray:
-        x = np.asarray(x, dtype=float)
+    def ranks(values: list[float]) -> np.ndarray:
+        x = np.asarray(values, dtype=float)
         order = np.argsort(x, kind="mergesort")
         r = np.empty(len(x))
         r[order] = np.arange(len(x), dtype=float)
@@ -174,7 +174,8 @@ class Comparison:
     @property
     def spearman(self) -> float | None:
         p = self._paired()
-        return spearman([n.sim_cosine for n in p], [n.real_cosine for n in p])
+        return spearman([n.sim_cosine for n in p if n.sim_cosine is not None],
+                        [n.real_cosine for n in p if n.real_cosine is not None])
 
     @property
     def n_paired(self) -> int:

@@ -41,6 +41,7 @@ from tuner.console import table
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import dump_yaml
 from tuner.files import write_atomic
+from tuner.simulate import Simulator
 from tuner.study import results
 from tuner.study.runner import export_trial, study_info
 from tuner.study.space import load_space
@@ -164,7 +165,7 @@ class StudyContext:
         self.info = study_info(study)
         self.threads = threads
         self._ws = None
-        self._log_sim = None     # the simulator on the log's terms (tuner.toolchain.logterms)
+        self._log_sim: Simulator | None = None     # the simulator on the log's terms (tuner.toolchain.logterms)
 
     @property
     def objective(self) -> str:
