@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-
 from search import SPACE, copy_space, prepare_data
 
 REPO = Path(__file__).resolve().parents[1]

@@ -169,8 +169,8 @@ def goal_points(rs, goal) -> list[Point]:
 def task_objective(prep: Prepared) -> None:
     """Make the study's objective the labelled task metric, floored at float - 0.01 (the goal's
     second half); its first half (mean cosine) is then only checked, not optimised."""
-    from tuner.workspace import Workspace
     from tuner.study.space import load_space
+    from tuner.workspace import Workspace
 
     space = load_space(prep.space)
     ws = Workspace.for_space(space)

@@ -25,7 +25,7 @@ For each model:
 * ratios evaluate / float pass [<= 1.3] and naive / evaluate [>= 10];
 * where an evaluation's time goes: thresholds, plan + graph, session creation, run, scoring; and
   the first candidate again with QuantizeLinear/DequantizeLinear pairs instead of FakeQuant nodes
-  (``tuner.simulate.fakequant``; ``TUNER_FAKEQUANT=0`` runs the whole benchmark that way).
+  (``tuner.runtime.fakequant``; ``TUNER_FAKEQUANT=0`` runs the whole benchmark that way).
 
 Times are the median of ``--repeat`` runs (at least 3; fresh simulator each run, so every evaluation stays a
 first one, and each run times a float pass just before its evaluations); the machine's other load
@@ -102,10 +102,10 @@ def breakdown(ws, simulator, candidate, fused: bool) -> dict[str, float]:
     import numpy as np
 
     from tuner.metrics import Similarity
+    from tuner.runtime.session import make_session, run_samples
     from tuner.simulate.plan import make_plan
     from tuner.simulate.qdq import build_sim_model
     from tuner.simulate.scales import ScaleTable
-    from tuner.simulate.session import make_session, run_samples
 
     out = {}
     t0 = time.perf_counter()
@@ -158,9 +158,9 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
            passes: list[int]) -> None:
     from tuner.candidate import Candidate
     from tuner.metrics import Similarity
+    from tuner.runtime.session import default_threads, make_session, run_samples
     from tuner.simulate import Simulator
     from tuner.simulate.oracle import ort_quantize
-    from tuner.simulate.session import default_threads, make_session, run_samples
     from tuner.workspace import Workspace
 
     data_arg = [eval_dir] if eval_dir else None
@@ -231,7 +231,7 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
             if tensor in exported.stats:
                 table.get(tensor, "int8")
 
-        def naive(calib_samples=2):
+        def naive(calib_samples=2, ev=ev, table=table):
             qdq = ort_quantize(exported.model.proto, exported.graph, ev.plan, table, exported.calibration_data,
                                calib_samples)
             s = make_session(qdq)
@@ -279,7 +279,8 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
     if simulator.fused:
         rows.append((f"{cands[0][0]}, as Q/DQ pairs", cands[0][1], False))
     for name, cand, fused in rows:
-        b = breakdown(ws, Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads, calibration_data=ws.calibration_data), cand, fused)
+        sim = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, threads, calibration_data=ws.calibration_data)
+        b = breakdown(ws, sim, cand, fused)
         runs[fused].append(b["run"])
         print(f"{name:<34}" + "".join(f"{b[c]:>12.3f}" for c in cols) + f"{b['points']:>8d}  "
               f"{'FakeQuant' if fused else 'Q/DQ'}")
@@ -287,7 +288,7 @@ def _bench(label: str, cfg: Path, eval_dir: Path | None, samples: int | None, th
     print(f"{'float model':<34}{'':>12}{'':>12}{float_session:>12.3f}{float_run:>12.3f}")
     print(f"run / float run {statistics.median(runs[simulator.fused]) / float_run:.2f}x with {kind} nodes: what "
           "the quantization points cost, which no set-up change removes (a FakeQuant node is one element-wise "
-          "pass, a QuantizeLinear/DequantizeLinear pair two; tuner.simulate.fakequant)")
+          "pass, a QuantizeLinear/DequantizeLinear pair two; tuner.runtime.fakequant)")
 
 
 def main(argv: list[str] | None = None) -> int:

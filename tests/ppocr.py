@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
-
 from helpers import hb_yaml
+from onnx import numpy_helper
 
 DET_MODEL = "ch_PP-OCRv4_det_infer.onnx"
 #: Bundled with scikit-image 0.2x (loadable offline); two of them contain printed text.

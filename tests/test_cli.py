@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 
-
 def run(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, timeout=300)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from helpers import write_tiny_space
+
 from tuner.study.runner import Search
 
 

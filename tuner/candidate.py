@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,7 +54,7 @@ class Calibration:
         return PLAIN_MAX_PERCENTILE if self.max_percentile is None else self.max_percentile
 
     @classmethod
-    def parse(cls, spec: str) -> "Calibration":
+    def parse(cls, spec: str) -> Calibration:
         """A short command-line form: ``max``, ``kl``, ``max:0.99995`` (percentile), ``+pc``
         for per-channel, e.g. ``max:0.99995+pc``."""
         text = spec.strip()
@@ -109,7 +110,7 @@ class NodeSetting:
     output_type: str | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, str]) -> "NodeSetting":
+    def from_dict(cls, d: dict[str, str]) -> NodeSetting:
         per_input = []
         for key, value in d.items():
             m = _INPUT_K.match(key)
@@ -151,8 +152,9 @@ class Candidate:
     optimization: tuple[str, ...] = ()
 
     @classmethod
-    def make(cls, calibration: Calibration | None = None, nodes: dict[str, NodeSetting | dict] | None = None,
-             optimization: tuple[str, ...] = ()) -> "Candidate":
+    def make(cls, calibration: Calibration | None = None,
+             nodes: Mapping[str, NodeSetting | dict[str, Any]] | None = None,
+             optimization: tuple[str, ...] = ()) -> Candidate:
         items = []
         for name, s in (nodes or {}).items():
             setting = s if isinstance(s, NodeSetting) else NodeSetting.from_dict(s)
@@ -161,7 +163,7 @@ class Candidate:
         return cls(calibration or Calibration(), tuple(sorted(items)), tuple(optimization))
 
     @classmethod
-    def from_config(cls, cfg: HbConfig, node_info_supported: bool = True) -> "Candidate":
+    def from_config(cls, cfg: HbConfig, node_info_supported: bool = True) -> Candidate:
         """The candidate a YAML describes. Without node_info support (bernoulli2) only the
         legacy ``run_on_cpu``/``run_on_bpu`` lists count, as on the real tool."""
         cal = Calibration(type=cfg.calibration_type, max_percentile=cfg.max_percentile,
@@ -171,7 +173,7 @@ class Candidate:
                         tuple(o for o in cfg.optimization if o != "asymmetric"))
 
     @classmethod
-    def from_yaml_fields(cls, fields: dict[str, Any]) -> "Candidate":
+    def from_yaml_fields(cls, fields: dict[str, Any]) -> Candidate:
         """Inverse of :meth:`to_yaml_fields` (and of any hb_mapper YAML's two sections)."""
         mp = fields.get("model_parameters") or {}
         cp = fields.get("calibration_parameters") or {}
@@ -203,7 +205,7 @@ class Candidate:
                 return s
         return NodeSetting()
 
-    def with_calibration(self, calibration: Calibration) -> "Candidate":
+    def with_calibration(self, calibration: Calibration) -> Candidate:
         return replace(self, calibration=calibration)
 
     def key(self) -> str:

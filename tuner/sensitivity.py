@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.candidate import Candidate, NodeSetting
-from tuner.export.hb_yaml import write_atomic
+from tuner.files import write_atomic
 from tuner.metrics.accuracy import accuracy
-from tuner.simulate import Simulator
+from tuner.simulate import Resolved, Simulator
 
 
 def leave_one_float(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
@@ -103,3 +103,17 @@ def sensitivity_table(sim: Simulator, base: Candidate, nodes: list[str], metric:
             progress(i + 1, len(nodes))
     rows.sort(key=lambda r: (-r.float_gain, r.alone_int8["accuracy"]))
     return rows
+
+
+@dataclass
+class Ranking:
+    label: str                   # as asked for (--calibration), else the calibration's description
+    calibration: Resolved        # the calibration simulated (``default``/``mix`` resolved)
+    rows: list[SensitivityRow]   # most sensitive first
+
+
+@dataclass
+class Sensitivity:
+    metric: str
+    runs: list[Ranking]
+    shared: Path | None = None   # a space's cached leave-one-float gains, when they were used

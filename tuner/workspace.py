@@ -6,7 +6,6 @@ everywhere and the calibration statistics are computed (or read from cache) once
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +14,13 @@ from tuner.calib.collect import cached_statistics
 from tuner.calib.stats import TensorStats
 from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Candidate
+from tuner.console import progress_printer as progress_printer  # re-exported: study/ imports it from here
 from tuner.graph import Graph, Target, load_target
+from tuner.inputs.calibrated import MappedThresholds, load_thresholds
 from tuner.inputs.config import HbConfig, load_config
 from tuner.inputs.data import DataSet, dataset_from_config
 from tuner.inputs.model import LoadedModel, load_model
+from tuner.metrics.task import LabelSet, MetricSpec
 from tuner.simulate import Simulator
 
 
@@ -40,7 +42,7 @@ class Workspace:
     @classmethod
     def open(cls, config_path: str | Path, data: list[Path] | None = None, limit: int | None = None,
              march: str | None = None, threads: int | None = None,
-             progress: Callable[[int, int], None] | None = None, hb_optimize: bool = True) -> "Workspace":
+             progress: Callable[[int, int], None] | None = None, hb_optimize: bool = True) -> Workspace:
         """``hb_optimize=False`` simulates the exported graph as it is, without hb_mapper's graph
         rewrites (tuner.graph.optimize): for comparisons with onnxruntime's own quantizer."""
         config = load_config(config_path)
@@ -65,31 +67,27 @@ class Workspace:
 
     @classmethod
     def for_space(cls, space, data: list[Path] | None = None, limit: int | None = None, march: str | None = None,
-                  threads: int | None = None, progress: Callable[[int, int], None] | None = None) -> "Workspace":
+                  threads: int | None = None, progress: Callable[[int, int], None] | None = None) -> Workspace:
         """The workspace a search space evaluates in: its base YAML, its ``eval_data``,
         ``eval_limit`` and ``march`` (each overridable), and its task metrics and labels."""
         ws = cls.open(space.base, data=data or space.eval_data, limit=limit or space.eval_limit,
                       march=march or space.march, threads=threads, progress=progress)
         ws.use_task_metrics(space.task_metrics(), space.labels, space.path.parent)
         if space.thresholds is not None:
-            from tuner.toolchain.calibrated_report import real_thresholds
-
             # the search places nodes and picks int16 around hb_mapper's real calibration: the
             # candidates' int8/int16 choices stand, the real thresholds (and uint8 nodes) apply
-            ws.real_thresholds = real_thresholds(ws, space.thresholds)
+            ws.real_thresholds = load_thresholds(space.thresholds, ws.graph, ws.model.path)
             ws.real_honour_qtypes = False
         return ws
 
-    task_metrics: list = field(default_factory=list)
-    labels: object = None
+    task_metrics: list[MetricSpec] = field(default_factory=list)
+    labels: LabelSet | None = None
     user_base: Path | None = None   # the folder user metrics (file.py:function) are found relative to
-    real_thresholds: object = None  # hb_mapper's (tuner.toolchain.calibrated.MappedThresholds), else tuner's own
+    real_thresholds: MappedThresholds | None = None  # hb_mapper's, else tuner's own
     real_honour_qtypes: bool = True
 
-    def use_task_metrics(self, specs: list, label_patterns: dict[str, str], base: Path) -> None:
+    def use_task_metrics(self, specs: list[MetricSpec], label_patterns: dict[str, str], base: Path) -> None:
         """Compute these task metrics in every evaluation, against these label files where given."""
-        from tuner.metrics.task import LabelSet
-
         self.task_metrics = list(specs)
         self.labels = LabelSet(label_patterns, base, len(self.eval_data)) if label_patterns else None
         self.user_base = base
@@ -112,15 +110,3 @@ class Workspace:
     @property
     def node_info_supported(self) -> bool:
         return self.target.raw.get("node_info", True) is not False
-
-
-def progress_printer(label: str) -> Callable[[int, int], None]:
-    """A one-line progress display on stderr (only when stderr is a terminal)."""
-    tty = sys.stderr.isatty()
-
-    def show(done: int, total: int) -> None:
-        if tty:
-            end = "\n" if done == total else ""
-            print(f"\r{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
-
-    return show

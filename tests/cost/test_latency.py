@@ -1,7 +1,7 @@
 import onnx
 import pytest
-
 from helpers import build_tiny_model
+
 from tuner.candidate import Candidate
 from tuner.cost.latency import CostModel, load_profile, node_macs
 from tuner.errors import TunerError

@@ -2,9 +2,9 @@ import re
 
 import onnx
 import pytest
+from helpers import build_tiny_model
 from onnx import TensorProto, helper
 
-from helpers import build_tiny_model
 from tuner.errors import TunerError
 from tuner.graph import Graph, fusion_groups, load_target
 

@@ -220,6 +220,7 @@ def test_a_bpu_softmax_runs_as_hb_mappers_six_quantized_parts(tmp_path):
     """Real 1.24.3 log (x5_op_facts S5): a Softmax forced onto the BPU shows as
     <name>_{reducemax,sub,exp,reducesum,reciprocal,mul}_FROM_QUANTIZED_SOFTMAX rows, each quantized."""
     from helpers import hb_yaml
+
     from tuner.candidate import Calibration
     from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
     from tuner.workspace import Workspace

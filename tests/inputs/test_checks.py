@@ -5,13 +5,22 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
+from helpers import write_example_project
 from onnx import TensorProto, helper
 
-from helpers import write_example_project
 import tuner.inputs.checks as checks
 from tuner.errors import TunerError
-from tuner.inputs.checks import (ERROR, FEW_SAMPLES_WARNING, INFO, WARNING, ChannelStats, DataReport, Finding,
-                                 check_data, format_report)
+from tuner.inputs.checks import (
+    ERROR,
+    FEW_SAMPLES_WARNING,
+    INFO,
+    WARNING,
+    ChannelStats,
+    DataReport,
+    Finding,
+    check_data,
+    format_report,
+)
 
 SHAPE = (1, 3, 8, 8)
 

@@ -1,7 +1,7 @@
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.model import load_model

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from helpers import hb_yaml
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from helpers import hb_yaml
 from tuner.errors import TunerError
 from tuner.inputs.config import load_config
 from tuner.inputs.data import dataset_from_config
 from tuner.inputs.model import load_model
-from tuner.inputs.preprocess import (check_preprocess, format_preprocess_report, load_preprocess, make_cal_data)
+from tuner.inputs.preprocess import check_preprocess, format_preprocess_report, load_preprocess, make_cal_data
 
 H = W = 16
 PREP = f"""\

@@ -9,8 +9,17 @@ import numpy as np
 import pytest
 
 from tuner.errors import TunerError
-from tuner.metrics.task import (DepthError, MetricSpec, SegAgreement, SegIoU, Top1, UserMetric,
-                                higher_is_better, load_user_metric, parse_metric_spec)
+from tuner.metrics.task import (
+    DepthError,
+    MetricSpec,
+    SegAgreement,
+    SegIoU,
+    Top1,
+    UserMetric,
+    higher_is_better,
+    load_user_metric,
+    parse_metric_spec,
+)
 
 
 def logits_for(argmap, classes: int) -> np.ndarray:

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import write_tiny_space
+
 from tuner.study.results import best, rows
 from tuner.study.runner import Search, run
 
@@ -148,7 +148,7 @@ def test_optuna_dashboard_reads_the_study_as_it_is(finished):
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"optuna-dashboard did not start: {proc.stdout.read()[-2000:]}")
+                    raise AssertionError(f"optuna-dashboard did not start: {proc.stdout.read()[-2000:]}") from None
                 time.sleep(0.3)
         (summary,) = summaries
         assert summary["study_name"] == "tiny"

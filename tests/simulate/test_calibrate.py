@@ -5,15 +5,24 @@ import math
 import numpy as np
 import pytest
 import yaml
+from helpers import write_example_project, write_mix_project, write_reciprocal_project, write_tiny_project
 
-from helpers import write_mix_project, write_example_project, write_reciprocal_project, write_tiny_project
 from tuner.candidate import Calibration, Candidate
 from tuner.inputs.data import dataset_from_config
+from tuner.runtime.session import make_session
 from tuner.simulate import Simulator
-from tuner.simulate.calibrate import (DEFAULT_METHODS, PER_TENSOR_METHODS, SIMILARITY_TARGET, MixedCalibration,
-                                      MixScales, calibration_nodes, choose_default, rank, search_cosine,
-                                      single_node_plan)
-from tuner.simulate.session import make_session
+from tuner.simulate.calibrate import (
+    DEFAULT_METHODS,
+    PER_TENSOR_METHODS,
+    SIMILARITY_TARGET,
+    MixedCalibration,
+    MixScales,
+    calibration_nodes,
+    choose_default,
+    rank,
+    search_cosine,
+    single_node_plan,
+)
 from tuner.workspace import Workspace
 
 
@@ -222,7 +231,7 @@ def test_mix_takes_per_node_methods(mixp):
         values = dict(values)
         assert set(values) == set(PER_TENSOR_METHODS) and values[mix.base] < 0.999
         assert values[mix.method_for(tensor)] == max(values.values())
-    for tensor, method in mix.merged:
+    for _tensor, method in mix.merged:
         assert method != mix.base
     taken = Calibration("max", max_percentile=0.99995)
     assert mix.base == Calibration("kl") and dict(mix.merged) == {"u": taken, "au": taken}

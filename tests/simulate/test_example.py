@@ -1,12 +1,12 @@
 """The simulator on the bundled seg+depth example (real trained weights)."""
 
 import pytest
-
 from helpers import write_example_project
+
 from tuner.candidate import Calibration, Candidate
 from tuner.metrics import Similarity
+from tuner.runtime.session import make_session
 from tuner.simulate.oracle import ort_quantize, ort_semantics
-from tuner.simulate.session import make_session
 from tuner.workspace import Workspace
 
 

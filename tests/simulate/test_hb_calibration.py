@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from helpers import hb_yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import hb_yaml
 from tuner.candidate import Calibration, Candidate
 from tuner.simulate.qdq import fake_quant_weight
 from tuner.workspace import Workspace

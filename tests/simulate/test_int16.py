@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers import write_int16_rules_project
 from onnx import numpy_helper
 
-from helpers import write_int16_rules_project
 from tuner.candidate import Calibration, Candidate
 from tuner.simulate.qdq import build_sim_model
 from tuner.workspace import Workspace

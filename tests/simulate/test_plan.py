@@ -1,7 +1,7 @@
 import onnx
 import pytest
-
 from helpers import build_int16_rules_model, build_tiny_model
+
 from tuner.candidate import Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, load_target

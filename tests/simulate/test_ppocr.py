@@ -40,13 +40,13 @@ import onnx
 import pytest
 from onnx import version_converter
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
-
 from ppocr import det_model_path, write_ppocr_project
+
 from tuner.candidate import Calibration, Candidate
 from tuner.metrics import Similarity
+from tuner.runtime.session import make_session
 from tuner.simulate.oracle import ort_quantize, ort_semantics
 from tuner.simulate.plan import make_plan
-from tuner.simulate.session import make_session
 from tuner.workspace import Workspace
 
 if det_model_path() is None:

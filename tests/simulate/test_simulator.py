@@ -2,15 +2,15 @@
 import numpy as np
 import onnx
 import pytest
+from helpers import write_tiny_project
 
 import tuner.calib.collect as collect
-from helpers import write_tiny_project
 from tuner.candidate import Calibration, Candidate
 from tuner.metrics import Similarity
+from tuner.runtime.session import make_session
+from tuner.simulate.calibrate import rank
 from tuner.simulate.oracle import ort_quantize, ort_semantics
 from tuner.simulate.plan import make_plan
-from tuner.simulate.session import make_session
-from tuner.simulate.calibrate import rank
 from tuner.workspace import Workspace
 
 
@@ -159,6 +159,7 @@ def test_simulated_graph_is_a_valid_topologically_sorted_onnx_model(ws):
 def test_external_weights_give_the_same_outputs_and_leave_the_graph(tmp_path):
     """Static weights go to onnxruntime once as OrtValues; per-candidate tensors stay inline."""
     from helpers import write_example_project
+
     from tuner.simulate.qdq import ExternalWeights, build_sim_model
 
     ex = Workspace.open(write_example_project(tmp_path / "ex", n_cal=4, n_eval=2))
@@ -273,9 +274,9 @@ def test_a_build_memo_shared_across_candidates_gives_the_same_graphs(ws):
 def test_the_int32_bias_uses_the_scale_its_input_is_quantized_with(tmp_path):
     """A Conv after AveragePool (a same-scale op): its input Q/DQ carries the pool's input scale,
     so the bias grid must be that scale times the weight scales, not the pool output's own."""
+    from helpers import hb_yaml
     from onnx import TensorProto, helper, numpy_helper
 
-    from helpers import hb_yaml
     from tuner.simulate.qdq import build_sim_model
 
     rng = np.random.default_rng(0)

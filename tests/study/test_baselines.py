@@ -1,8 +1,8 @@
 """The manual recipes the benchmark compares the search with, on the tiny model and the real simulator."""
 
 import pytest
-
 from helpers import write_tiny_space
+
 from tuner.candidate import Calibration
 from tuner.study.baselines import Goal, Scorer, all_int8, alone_int8, greedy_revert, staged_escalation
 from tuner.study.runner import Search

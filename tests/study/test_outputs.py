@@ -3,9 +3,9 @@
 import csv
 import io
 
+from tuner.study.outputs import trials_csv
 from tuner.study.record import CalibrationUsed, Counts, Latency, TrialRecord
 from tuner.study.results import Row, best, pareto
-from tuner.study.outputs import trials_csv
 
 
 def row(number, acc, lat, feasible=True, plan=None, task=None):

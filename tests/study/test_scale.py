@@ -16,9 +16,9 @@ from pathlib import Path
 import onnx
 import optuna
 import pytest
+from helpers import build_tiny_model, write_tiny_space
 from optuna.trial import TrialState
 
-from helpers import build_tiny_model, write_tiny_space
 from tuner.study.runner import Search, StudyPaths, make_storage, optimize_until, run
 
 PG_URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
@@ -103,7 +103,7 @@ def test_three_machines_on_postgresql_complete_exactly_the_budget_and_never_show
     assert_exact_budget(trials, 15)
     assert len({t.user_attrs["worker"]["pid"] for t in trials if t.state == TrialState.COMPLETE}) == 3
     assert all("joined study" in o[1] and "tuner:***@" in o[1] for o in outputs[1:])
-    for code, out, err in outputs:
+    for _code, out, err in outputs:
         assert password not in out and password not in err
     written = [p for p in (tmp_path / "results").rglob("*") if p.is_file()]
     assert written and not [p for p in written if password in p.read_text(errors="replace")]

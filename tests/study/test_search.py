@@ -10,9 +10,9 @@ import time
 import optuna
 import pytest
 import yaml
+from helpers import write_example_project, write_reciprocal_project, write_tiny_space
 from optuna.trial import TrialState
 
-from helpers import write_example_project, write_reciprocal_project, write_tiny_space
 from tuner.inputs.config import load_config
 from tuner.study.results import best, rows
 from tuner.study.runner import Search, make_storage, run

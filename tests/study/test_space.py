@@ -1,13 +1,13 @@
 import onnx
 import pytest
-
 from helpers import build_tiny_model, write_tiny_space
+
 from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, load_target
 from tuner.simulate.plan import make_plan
-from tuner.study.space import (choice_setting, load_space, node_choices, parse_duration, resolve, setting_choice,
-                               tie_key)
+from tuner.study.sections import parse_duration
+from tuner.study.space import choice_setting, load_space, node_choices, resolve, setting_choice, tie_key
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Warm-start plans from a hand-built space: a real tiny graph, a made-up ranking, no simulation."""
 
 import onnx
-
 from helpers import build_tiny_model, write_tiny_space
+
 from tuner.candidate import Calibration, Candidate
 from tuner.graph import Graph, load_target
 from tuner.study.space import load_space, resolve

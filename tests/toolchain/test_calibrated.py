@@ -5,20 +5,19 @@ No public calibrated model exists; these build synthetic ones per hb_quantizer_f
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from calibrated_models import calibrate, weight_max
 from helpers import build_tiny_model, tiny_sample, write_tiny_project
+from onnx import TensorProto, helper
+
 from tuner.calib.methods import hb_kernel_percentile as kernel_percentile
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.toolchain.calibrated import map_to_graph, parse_calibrated, read_calibrated
+from tuner.inputs.calibrated import map_to_graph, parse_calibrated, read_calibrated
 from tuner.toolchain.calibrated_report import CalibratedReport, build_report
 from tuner.toolchain.calibrated_run import runnable_model
 from tuner.workspace import Workspace
@@ -169,7 +168,7 @@ def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
             continue
         for t in exposed:
             m.graph.output.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, None))
-        from tuner.simulate.session import make_session
+        from tuner.runtime.session import make_session
 
         sess = make_session(m)
         vals = dict(zip(exposed, sess.run(exposed, {"x": tiny_sample(0)})))
@@ -211,7 +210,7 @@ def test_fused_activation_stand_ins_and_unknown_horizon_op(tmp_path):
 def running_max_thresholds(model, data, tensors, p):
     """The running-max reading computed directly (an independent reference for tuner.calib's
     histogram-based one): the p'-quantile of the element-wise max of |x| over the samples."""
-    from tuner.simulate.session import make_session, run_samples, with_outputs
+    from tuner.runtime.session import make_session, run_samples, with_outputs
 
     session = make_session(with_outputs(model.proto, tensors))
     names = [o.name for o in session.get_outputs() if o.name in set(tensors)]
@@ -249,6 +248,7 @@ def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
 
 def test_search_space_thresholds_key(tmp_path, project):
     from helpers import write_tiny_space
+
     from tuner.study.space import load_space
 
     _, ws, plan, scales = project

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import write_tiny_project
 
 FAKE = Path(__file__).with_name("fake_hb_mapper.py")
@@ -155,9 +154,8 @@ def _write_relu_project(root: Path) -> Path:
     sample 0 holds values of a few steps, so its vectors are tiny and hb_mapper's eps counts."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper
-
     from helpers import hb_yaml
+    from onnx import TensorProto, helper
 
     (root / "cal").mkdir(parents=True)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])

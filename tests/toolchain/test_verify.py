@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import write_tiny_space
+
 from tuner.study.results import rows
 from tuner.study.runner import Search, open_existing, run
 from tuner.toolchain.compare import Comparison, comparison_for_trial

@@ -8,25 +8,17 @@ keyed by the model and data fingerprints, so a second run makes no data pass at 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from tuner.calib.stats import StatsCollector, TensorStats, load_stats, save_stats
 from tuner.errors import TunerError
+from tuner.files import cache_dir
 from tuner.graph.softmax import expand_softmax
 from tuner.inputs.data import DataSet
-from tuner.simulate.session import make_session, run_samples, with_outputs
+from tuner.runtime.session import make_session, run_samples, with_outputs
 
 STATS_VERSION = "3"   # 2: running-max histograms for max-percentile; 3: graph inputs counted once
-
-
-def cache_dir() -> Path:
-    """``$TUNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/tuner``, else ``~/.cache/tuner``."""
-    if os.environ.get("TUNER_CACHE_DIR"):
-        return Path(os.environ["TUNER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tuner"
 
 
 def stats_key(model_fp: str, data_fp: str, tensors: list[str]) -> str:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tuner.files import atomic_file
 
 NBINS = 16384
 
@@ -164,6 +165,7 @@ class StatsCollector:
 
     def _grow(self, exp: int) -> None:
         """Double the range (exp - self._exp) times: merge groups of 2**k adjacent bins at once."""
+        assert self._exp is not None   # the range exists once a nonzero value was seen
         k = min(exp - self._exp, self._log2_nbins)
         merged = self._hist.reshape(-1, 1 << k).sum(axis=1)
         self._hist = np.zeros(self._nbins, dtype=np.int64)
@@ -180,10 +182,9 @@ class StatsCollector:
             ch = self._channel_absmax.copy()
             ch.setflags(write=False)
         empty = self._count == 0
-        max_hist: np.ndarray | None = np.zeros(self._nbins, dtype=np.int64)
-        if self._running_max is None:
-            max_hist = None
-        else:
+        max_hist: np.ndarray | None = None
+        if self._running_max is not None:
+            max_hist = np.zeros(self._nbins, dtype=np.int64)
             if self._exp is None:
                 max_hist[0] = self._running_max.size
             else:
@@ -239,20 +240,8 @@ def save_stats(path: str | os.PathLike, stats: dict[str, TensorStats], meta: dic
         if s.max_hist is not None:
             arrays[f"max_hist_{i}"] = np.asarray(s.max_hist, dtype=np.int64)
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)  # histograms are mostly zeros: compresses well
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a stats file is not a secret
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_file(path, binary=True, fsync=True) as f:
+        np.savez_compressed(f, allow_pickle=False, **arrays)  # histograms are mostly zeros: compresses well
 
 
 def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[str, str]]:

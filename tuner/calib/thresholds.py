@@ -8,12 +8,11 @@ small JSON file next to the cached statistics: later runs and parallel workers r
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from tuner.calib.methods import threshold
 from tuner.calib.stats import TensorStats
+from tuner.files import write_atomic
 
 
 class ThresholdMemo:
@@ -49,11 +48,7 @@ class ThresholdMemo:
             merged = {}
         merged.update(self._values)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".thr-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                json.dump(merged, f)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(merged))
             self._new = False
         except OSError:
             pass  # a read-only cache only costs time

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import yaml
 
 from tuner.errors import TunerError
@@ -52,8 +53,6 @@ def _numel(shape) -> int:
 def _attr(node: Node, name: str, default):
     for a in node.proto.attribute:
         if a.name == name:
-            import onnx
-
             return onnx.helper.get_attribute_value(a)
     return default
 
@@ -63,16 +62,18 @@ def node_macs(graph: Graph, node: Node) -> int:
     out = _numel(graph.shapes.get(node.outputs[0])) if node.outputs else 0
     if node.op_type in ("Conv", "ConvTranspose") and len(node.inputs) > 1:
         w = graph.shapes.get(node.inputs[1])
-        if w and all(d is not None for d in w):
+        dims = [d for d in w[1:] if d is not None] if w else []
+        if w and len(dims) == len(w) - 1 and w[0] is not None:
             if node.op_type == "Conv":  # w: [Cout, Cin/group, kh, kw]
-                return out * math.prod(w[1:])
+                return out * math.prod(dims)
             # ConvTranspose w: [Cin, Cout/group, kh, kw]: every input element feeds Cout/group*kh*kw outputs
-            return _numel(graph.shapes.get(node.inputs[0])) * math.prod(w[1:])
+            return _numel(graph.shapes.get(node.inputs[0])) * math.prod(dims)
     if node.op_type in ("Gemm", "MatMul") and node.inputs:
         a = graph.shapes.get(node.inputs[0])
         if a and a[-1] is not None:
             k = a[0] if node.op_type == "Gemm" and _attr(node, "transA", 0) else a[-1]
-            return out * k
+            if k is not None:
+                return out * k
     if node.op_type in ("AveragePool", "MaxPool"):
         return out * math.prod(_attr(node, "kernel_shape", [1]))
     if node.op_type.startswith("Reduce") or node.op_type.startswith("Global") or node.op_type == "Softmax":

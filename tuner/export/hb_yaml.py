@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 
 from tuner.candidate import Candidate
 from tuner.errors import TunerError
+from tuner.files import write_atomic as write_atomic  # re-exported: the YAML writers import it from here
 from tuner.inputs.config import parse_config
 
 PATH_KEYS = {"model_parameters": ("onnx_model", "caffe_model", "prototxt", "working_dir"),
@@ -112,32 +112,3 @@ def check_rules(cfg: dict[str, Any], where: Path, node_names: set[str] | None = 
             raise TunerError(f"{where}: node_info names {name!r}, which is not a node of the model")
     if reread.get("compiler_parameters", {}).get("optimize_level") is None:
         raise TunerError(f"{where}: compiler_parameters.optimize_level must be set explicitly")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: Path, text: str | bytes, protect: tuple[Path, ...] = ()) -> None:
-    """Write ``text`` (UTF-8) or bytes to ``path`` via a hidden temporary file and rename; never
-    onto a protected file."""
-    path = Path(path)
-    for p in protect:
-        if p.exists() and path.exists() and path.resolve() == p.resolve():
-            raise TunerError(f"{path}: refusing to overwrite your input YAML; choose another --out")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        binary = isinstance(text, bytes)
-        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
-            f.write(text)
-            # mkstemp makes the file 0600; a result is shared like any file the user writes
-            # (an existing file keeps its mode).
-            os.fchmod(f.fileno(), path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -26,8 +27,6 @@ DATA_INPUTS: dict[str, tuple[int, ...]] = {
 
 def toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
     """Kahn's algorithm, stable: among ready nodes the original order is kept."""
-    import heapq
-
     waiting: dict[int, int] = {}
     users: dict[str, list[int]] = defaultdict(list)
     produced = {o for n in nodes for o in n.output}

@@ -43,10 +43,12 @@ Not modelled here: folding affine ``Mul``/``Add`` by constants into a preceding 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import cast
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from tuner.graph.names import NameMap, Rewrite
 
@@ -111,8 +113,6 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 def _fold(model: onnx.ModelProto, names: NameMap) -> None:
     """Replace nodes computable from constants alone by initializers (one pass in graph order)."""
-    from onnx.reference import ReferenceEvaluator
-
     graph = model.graph
     consts = {t.name: t for t in graph.initializer}
     shapes = _shapes(model)
@@ -133,7 +133,9 @@ def _fold(model: onnx.ModelProto, names: NameMap) -> None:
                         body = helper.make_graph([node], "fold", [helper.make_tensor_value_info(t, consts[t].data_type, None)
                                                                   for t in feeds], [helper.make_tensor_value_info(o, 0, None)
                                                                                     for o in node.output if o])
-                        value = list(ReferenceEvaluator(helper.make_model(body, opset_imports=opset)).run(None, feeds))
+                        # run(None, ...) returns the list of outputs
+                        value = list(cast(list[np.ndarray],
+                                          ReferenceEvaluator(helper.make_model(body, opset_imports=opset)).run(None, feeds)))
                     except Exception:
                         value = None   # an op the reference cannot run stays (hb_mapper may fold it; rare)
         if value is None:
@@ -289,7 +291,7 @@ def _fuse_activations(model: onnx.ModelProto, names: NameMap) -> None:
         local = {t: f"i{k}" for k, t in enumerate(fn_inputs)}
         local[end.output[0]] = "y"
         body = []
-        for j, n in enumerate(region):
+        for n in region:
             b = onnx.NodeProto()
             b.CopyFrom(n)
             b.name = ""

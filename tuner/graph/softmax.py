@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-
 #: hb_mapper's parts of a BPU Softmax, in order (real 1.24.3 log, hb_quantizer_facts section 5).
 SOFTMAX_PARTS = ("reducemax", "sub", "exp", "reducesum", "reciprocal", "mul")
 

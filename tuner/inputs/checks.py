@@ -31,8 +31,16 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.config import HbConfig, InputSpec, load_config
-from tuner.inputs.data import (DTYPES, DataSet, InputData, _image_kind, check_image_file, image_reader, input_data,
-                               list_samples)
+from tuner.inputs.data import (
+    DTYPES,
+    DataSet,
+    InputData,
+    _image_kind,
+    check_image_file,
+    image_reader,
+    input_data,
+    list_samples,
+)
 from tuner.inputs.model import load_model
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -318,6 +326,7 @@ def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
                 findings.append(problem)
                 ok = False
                 continue
+            assert raw is not None   # read, or a problem found
             axis = data.channel_axis
             rawc = _channels_first(raw, axis).reshape(channels[k], -1)
             nan = np.isnan(rawc).sum(axis=1)

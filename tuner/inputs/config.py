@@ -286,7 +286,7 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
                          "in the order of cal_data_dir")
 
     def per_input(section: dict, key: str, default: str | None) -> list[str | None]:
-        values = _split(section.get(key)) if section.get(key) is not None else []
+        values: list[str | None] = list(_split(section.get(key))) if section.get(key) is not None else []
         if not values:
             return [default] * n_inputs
         if len(values) == 1 and n_inputs > 1 and key in ("mean_value", "scale_value", "norm_type"):
@@ -324,7 +324,8 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
             raise TunerError(f"{path}: input_parameters.norm_type {norm!r} needs scale_value")
         if norm != "no_preprocess" and ttrain == "featuremap":
             raise TunerError(f"{path}: input_parameters.norm_type must be 'no_preprocess' for featuremap inputs")
-        cal_dir = (base / cal_dirs[i]).resolve() if cal_dirs[i] else None
+        d = cal_dirs[i]
+        cal_dir = (base / d).resolve() if d else None
         cal_type = cal_types[i]
         images = preprocess_on and ttrain != "featuremap"
         if images:
@@ -350,6 +351,7 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
     if pct is not None and not 0.0 < float(pct) <= 1.0:
         raise TunerError(f"{path}: calibration_parameters.max_percentile must be in (0, 1], got {pct}")
     optimization = tuple(o.strip() for o in re.split(r"[,;]", cp.get("optimization") or "") if o.strip())
+    assert onnx_model is not None   # checked above
     return HbConfig(path=path, raw=raw, onnx_model=onnx_model, march=mp["march"], inputs=inputs,
                     node_info=node_info, calibration_type=calibration_type,
                     max_percentile=float(pct) if pct is not None else None,

@@ -17,6 +17,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.config import InputSpec
+from tuner.inputs.images import yaml_preprocess
 
 IMAGE_MAGIC = {b"\xff\xd8\xff": "a JPEG image", b"\x89PNG": "a PNG image", b"BM": "a BMP image",
                b"GIF8": "a GIF image", b"II*\x00": "a TIFF image", b"MM\x00*": "a TIFF image"}
@@ -74,7 +75,6 @@ def image_reader(spec: InputData):
     except ImportError:
         raise TunerError(f"calibration_parameters.preprocess_on is True: reading the images in {spec.folder} needs "
                          "Pillow: pip install 'tuner[images]'") from None
-    from tuner.inputs.preprocess import yaml_preprocess   # preprocess imports this module
 
     return yaml_preprocess(spec.images, spec.shape)
 
@@ -202,6 +202,7 @@ def _per_channel(values: tuple[float, ...] | None, shape: tuple[int, ...], layou
     if len(shape) != 4:
         return arr.reshape(()) if arr.size == 1 else arr
     axis = channel_axis(shape, layout)
+    assert axis is not None   # 4-D
     channels = shape[axis]
     if arr.size not in (1, channels):
         raise TunerError(f"mean_value/scale_value give {arr.size} values for an input with {channels} channels")

@@ -47,14 +47,14 @@ class HbDistances:
     chebyshev: float
 
     @classmethod
-    def of(cls, quantized: np.ndarray, reference: np.ndarray) -> "HbDistances":
+    def of(cls, quantized: np.ndarray, reference: np.ndarray) -> HbDistances:
         """The figures of one pair of tensors (flattened; the same shape)."""
         s = Similarity()
         s.update(reference, quantized)
         return cls.from_similarity(s)
 
     @classmethod
-    def from_similarity(cls, s: Similarity, eps: float = HB_EPS) -> "HbDistances":
+    def from_similarity(cls, s: Similarity, eps: float = HB_EPS) -> HbDistances:
         """The figures of everything ``s`` accumulated, as one vector."""
         if not s.count:
             raise ValueError("no values: hb_mapper prints '--' for an empty tensor")

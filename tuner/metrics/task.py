@@ -26,9 +26,10 @@ import importlib.util
 import math
 import numbers
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -323,6 +324,8 @@ def load_callable(spec: str, base_dir: str | Path | None = None, what: str = "us
         mod_name = f"_tuner_user_{abs(hash(str(path.resolve())))}"
         try:
             mspec = importlib.util.spec_from_file_location(mod_name, path)
+            if mspec is None or mspec.loader is None:
+                raise ImportError(f"cannot import {path}")
             module = importlib.util.module_from_spec(mspec)
             sys.modules[mod_name] = module      # dataclasses etc. look their module up here
             mspec.loader.exec_module(module)
@@ -499,6 +502,7 @@ class TaskScore:
         self._acc: dict[MetricSpec, Any] = {}
         for spec in specs:
             if spec.kind == "user":
+                assert user_fns is not None and spec.user is not None   # a user spec names its function
                 self._acc[spec] = UserMetric(user_fns[spec.user], name=spec.user)
             else:
                 self._acc[spec] = _ACCUMULATORS[spec.kind]()
@@ -547,7 +551,7 @@ _VALUES = {"seg_agreement": "agreement", "miou": "miou", "absrel": "abs_rel", "r
 
 def load_user_metrics(specs: list[MetricSpec], base_dir: Path | None = None) -> dict[str, UserFn]:
     """Load every user metric of ``specs`` once (at set-up, where a bad spec should fail)."""
-    return {s.user: load_user_metric(s.user, base_dir) for s in specs if s.kind == "user"}
+    return {s.user: load_user_metric(s.user, base_dir) for s in specs if s.kind == "user" and s.user is not None}
 
 
 def spec_text(spec: MetricSpec) -> str:

@@ -23,8 +23,8 @@ import optuna
 from tuner import __version__
 from tuner.export.hb_yaml import write_atomic
 from tuner.study import results
-from tuner.study.outputs import ReportSnapshot, Trace
 from tuner.study.record import TrialRecord
+from tuner.study.results import ReportSnapshot, Trace
 from tuner.toolchain.compare import Comparison
 
 _CSS = """

@@ -7,8 +7,10 @@ import math
 from typing import Any
 
 from tuner.candidate import Calibration
-from tuner.simulate import Evaluation
+from tuner.console import table
+from tuner.simulate import Evaluation, Resolved
 from tuner.simulate.calibrate import MixedCalibration
+from tuner.simulate.realscales import RealCalibration
 
 
 def _fmt(value: float | None, digits: int = 6) -> str:
@@ -17,13 +19,6 @@ def _fmt(value: float | None, digits: int = 6) -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return f"{value:.{digits}f}"
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), sep] + [line(r) for r in rows])
 
 
 def node_table(ev: Evaluation) -> str:
@@ -41,7 +36,7 @@ def accumulated_rows(ev: Evaluation, graph) -> list[dict[str, Any]]:
     for i, r in enumerate(ev.nodes):
         node = graph.by_name[r.name]
         preds = [graph.producer[t] for t in node.inputs if t in graph.producer and graph.is_activation(t)]
-        in_cos = [by[p.name].cosine for p in preds if by[p.name].cosine is not None]
+        in_cos = [c for c in (by[p.name].cosine for p in preds) if c is not None]
         change = None if r.cosine is None else r.cosine - (min(in_cos) if in_cos else 1.0)
         switches = sorted({f"{by[p.name].on}->{r.on}" for p in preds if by[p.name].on != r.on})
         out.append({"index": i, "node": r.name, "on": r.on, "type": r.op_type, "cosine": r.cosine, "change": change,
@@ -72,12 +67,12 @@ def summary_line(ev: Evaluation) -> str:
             f"{c['int16_nodes']} int16 node(s)")
 
 
-def _method_dict(cal: Calibration) -> dict[str, Any]:
+def _method_dict(cal: Calibration | RealCalibration) -> dict[str, Any]:
     return {"type": cal.type, "max_percentile": cal.max_percentile, "per_channel": cal.per_channel,
             "asymmetric": cal.asymmetric, "method": cal.describe()}
 
 
-def calibration_dict(cal: Calibration | MixedCalibration) -> dict[str, Any]:
+def calibration_dict(cal: Resolved) -> dict[str, Any]:
     """The simulated calibration; for ``mix`` also its base, the nodes that took another method
     and hb's Merge_Info table (every sensitive node's single-node cosine under each method)."""
     if not isinstance(cal, MixedCalibration):

@@ -34,12 +34,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from tuner.candidate import Calibration
 from tuner.simulate.plan import Plan
-from tuner.simulate.scales import ScaleTable
+from tuner.simulate.scales import Scale, Scales
 
 #: ``modelwise_search.similarity`` of ``default`` [facts 2.1; src 24160279619, log 49159607575]:
 #: stage 1 stops when its best score reaches it.
@@ -96,7 +97,7 @@ def search_score(references: Sequence[dict[str, np.ndarray]], outputs: Sequence[
 def rank(scores: dict[Calibration, float]) -> list[Calibration]:
     """Methods best first, as ``compare_calibration_methods`` sorts them: by score, ties in the
     alphabetical order of their method strings, NaN last [facts 2.2]."""
-    def key(m: Calibration) -> tuple:
+    def key(m: Calibration) -> tuple[bool, float, str]:
         s = scores[m]
         return (math.isnan(s), -s if not math.isnan(s) else 0.0, m.describe())
     return sorted(scores, key=key)
@@ -176,7 +177,7 @@ class MixedCalibration:
             text += "; " + "; ".join(f"{d} on {n} node(s)" for d, n in counts.items())
         return text
 
-    def merge_rows(self) -> list[dict]:
+    def merge_rows(self) -> list[dict[str, Any]]:
         """Merge_Info as rows: node, its cosine under each method (hb prints the method string's
         part after the colon), and the selected method."""
         rows = []
@@ -263,12 +264,12 @@ class MixScales:
     (``get(tensor, dtype)``, ``threshold(tensor, dtype)``, ``stats``, ``calibration``); whatever a
     ScaleTable does for a method (per-channel, asymmetric rules) applies here unchanged."""
 
-    def __init__(self, calibration: MixedCalibration, table: Callable[[Calibration], ScaleTable]):
+    def __init__(self, calibration: MixedCalibration, table: Callable[[Calibration], Scales]):
         self.calibration = calibration
         self._table = table
         self.stats = table(calibration.base).stats
 
-    def get(self, tensor: str, dtype: str, channel: bool = False):
+    def get(self, tensor: str, dtype: str, channel: bool = False) -> Scale:
         return self._table(self.calibration.method_for(tensor)).get(tensor, dtype, channel)
 
     def threshold(self, tensor: str, dtype: str = "int8") -> float:

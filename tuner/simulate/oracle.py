@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from tuner.simulate.scales import ScaleTable
 
 
 @contextlib.contextmanager
-def _quiet_root_logger():
+def _quiet_root_logger() -> Iterator[None]:
     """quantize_static logs advice ("consider pre-processing", per-axis fallbacks) on the root
     logger for every call; for an oracle and a baseline that is noise."""
     root = logging.getLogger()
@@ -38,12 +39,12 @@ def _quiet_root_logger():
         root.setLevel(level)
 
 
-class _Reader(CalibrationDataReader):
+class _Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime has no type stubs
     def __init__(self, data: DataSet, limit: int):
         self._it = iter(data)
         self._left = limit
 
-    def get_next(self):
+    def get_next(self) -> dict[str, np.ndarray] | None:
         if self._left <= 0:
             return None
         self._left -= 1

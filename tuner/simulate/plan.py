@@ -23,10 +23,11 @@ quantization points:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.candidate import Candidate
-from tuner.graph import Graph, Target, fused_edges, fusion_groups
+from tuner.graph import Graph, Node, Target, fused_edges, fusion_groups
 from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
 
 INT8, INT16 = "int8", "int16"
@@ -111,7 +112,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
 
     groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
 
-    def emits16(node) -> bool:
+    def emits16(node: Node) -> bool:
         """Whether the tensor a BPU node writes may be int16: the node and, at the end of a fusion
         group, the group's head (a ConvTranspose+Relu or dilated Conv+Relu group leaves in int8).
         A chain of LUT ops is one table, whose int16 form exists (HzLut2Layer, x5_op_facts S7):
@@ -121,7 +122,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         head_ok = head.op_type in target.lut_ops or target.int16_output(head.op_type, head.proto)
         return target.int16_output(node.op_type, node.proto) and head_ok
 
-    def wants_out16(node) -> bool:
+    def wants_out16(node: Node) -> bool:
         s = candidate.setting(node.name)
         asked = s.output_type == INT16 or (all_int16 and target.int16_output(node.op_type, node.proto))
         if s.output_type == INT16 and not target.int16_output(node.op_type, node.proto):
@@ -178,7 +179,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                             notes.append(f"The input{k} of Node(name:{node.name}, type:{node.op_type}) does not "
                                          f"support data type: int16 (on {target.march}; stays int8, as hb_mapper "
                                          "falls back)")
-                        else:  # hb_mapper's text for this case is not known
+                        elif producer is not None:  # hb_mapper's text for this case is not known
                             notes.append(f"{node.name} ({node.op_type}): int16 input{k} needs an int16 output of "
                                          f"{producer.name} ({producer.op_type}), which {target.march} does not "
                                          "support; stays int8")
@@ -187,7 +188,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                     passthrough[(node.name, k)] = grid[tensor]
                     continue
                 edges[(node.name, k)] = (tensor, dtype)
-            elif p_bpu and not leaves_in_int32(producer.name):
+            elif producer is not None and p_bpu and not leaves_in_int32(producer.name):
                 cpu_reads[(node.name, k)] = (tensor, INT16 if out16[producer.name] else INT8)
         if on_bpu:
             in_dtype[node.name] = INT16 if INT16 in dtypes else INT8
@@ -256,7 +257,9 @@ def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, 
     return softmax, internal
 
 
-def _adjust_int16_conv(graph: Graph, node, groups, edges, passthrough, out16, emits16, floors) -> None:
+def _adjust_int16_conv(graph: Graph, node: Node, groups: dict[str, list[Node]], edges: dict[tuple[str, int], tuple[str, str]],
+                       passthrough: dict[tuple[str, int], tuple[str, str]], out16: dict[str, bool],
+                       emits16: Callable[[Node], bool], floors: dict[str, tuple[str, str]]) -> None:
     """hb_mapper's ``AdjustConvQuantParams`` (bayes, bayes-e): a Conv whose input is int16 gets an
     int16 output, whose threshold is raised to at least max(weight threshold) x input threshold.
 

@@ -3,7 +3,7 @@
 Each quantization point becomes QuantizeLinear -> DequantizeLinear (``com.microsoft``
 domain, which takes int8 and int16 at any opset, per-tensor or per-channel), or, with
 ``fused=True``, one ``tuner.sim`` FakeQuant node computing the same values in one pass
-(:mod:`tuner.simulate.fakequant`). BPU weights are replaced by their int8 per-channel
+(:mod:`tuner.runtime.fakequant`). BPU weights are replaced by their int8 per-channel
 fake-quantized values. The graph is built in memory from cached scales (milliseconds);
 onnxruntime then runs it.
 """
@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Target
 from tuner.graph.softmax import softmax_parts
-from tuner.simulate import fakequant
+from tuner.runtime import fakequant
 from tuner.simulate.plan import Plan
-from tuner.simulate.scales import ScaleTable, floor_threshold
+from tuner.simulate.scales import Scale, Scales, floor_threshold
 
 MS = "com.microsoft"
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
@@ -136,7 +138,7 @@ class ExternalWeights:
     """Large initializers handed to onnxruntime once, as OrtValues, instead of being copied into
     and serialized with every candidate's graph (4.7 MB a candidate on PP-OCR's detector).
 
-    The graph keeps a stub (``data_location: EXTERNAL``); :func:`tuner.simulate.session.make_session`
+    The graph keeps a stub (``data_location: EXTERNAL``); :func:`tuner.runtime.session.make_session`
     passes the values with ``SessionOptions.add_external_initializers``.
     """
 
@@ -154,8 +156,6 @@ class ExternalWeights:
         return self._stubs[tensor.name]
 
     def _make(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
-        import onnxruntime as ort
-
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             return tensor
         arr = numpy_helper.to_array(tensor)
@@ -190,7 +190,10 @@ def _node(op: str, inputs: list[str], output: str, name: str, axis: int | None) 
 _ZP_TYPES = {"b": "int8", "B": "uint8", "h": "int16"}
 
 
-def _quant_point(tensor: str, dtype: str, src: str, s, memo: dict, fused: bool) -> tuple:
+QuantPoint = tuple[tuple[onnx.TensorProto, ...], tuple[onnx.NodeProto, ...], str]
+
+
+def _quant_point(tensor: str, dtype: str, src: str, s: Scale, memo: dict[Any, Any], fused: bool) -> QuantPoint:
     """(initializers, nodes, output) of one quantization point: a FakeQuant node when ``fused``
     and its zero point allows, else QuantizeLinear and DequantizeLinear."""
     base_name = f"{tensor}__{dtype}" + ("_pc" if s.axis is not None else "")
@@ -218,20 +221,20 @@ def _quant_point(tensor: str, dtype: str, src: str, s, memo: dict, fused: bool) 
     return (scale_t, zp_t), (q, dq), dq.output[0]
 
 
-def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: ScaleTable,
+def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: Scales,
                     weights: WeightCache, extra_outputs: list[str] | None = None,
-                    external: ExternalWeights | None = None, memo: dict | None = None,
+                    external: ExternalWeights | None = None, memo: dict[Any, Any] | None = None,
                     fused: bool = False) -> onnx.ModelProto:
     """The simulated model of ``plan``; ``extra_outputs`` exposes intermediate tensors (for per-node tables).
 
     ``memo`` (a dict kept by the caller across builds of one model) reuses the Q/DQ node and scale
     protos and quantized biases of earlier builds: they depend only on the values in the key.
-    ``fused`` writes FakeQuant nodes, which need the library of :func:`tuner.simulate.fakequant.library`.
+    ``fused`` writes FakeQuant nodes, which need the library of :func:`tuner.runtime.fakequant.library`.
     """
     memo = {} if memo is None else memo
     new_inits: dict[str, onnx.TensorProto] = {}
     qdq_after: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # Q/DQ pairs, keyed by the tensor they read
-    made: dict[tuple[str, str], str] = {}
+    made: dict[tuple[str, str, bool], str] = {}
 
     def quantized(tensor: str, dtype: str, source: str | None = None, channel: bool = False) -> str:
         key = (tensor, dtype, channel)
@@ -254,7 +257,8 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                      zp.tobytes())
         if point_key not in memo:
             memo[point_key] = _quant_point(tensor, dtype, src, s, memo, fused)
-        inits, point_nodes, out = memo[point_key]
+        point: QuantPoint = memo[point_key]
+        inits, point_nodes, out = point
         for t in inits:
             new_inits.setdefault(t.name, t)
         qdq_after[src] += point_nodes
@@ -317,7 +321,8 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             idx, axis = target.weight_ops[n.op_type]
             w_init, w_axis = graph.initializers[n.inputs[idx]], weight_axis(n.proto, n.op_type, axis)
             source = plan.edges.get((n.name, 0)) or plan.passthrough.get((n.name, 0))
-            s_in = None
+            s_in: Scale | None = None
+            in_scale: float | None
             if source is not None:
                 # The scale the input's Q/DQ actually uses (a same-scale op upstream lends its own).
                 s_in = scales.get(plan.scale_of.get(source[0], source[0]), source[1], n.name in equalized)
@@ -356,7 +361,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             weight_names.add(wq.name)
             bias_name = n.inputs[2] if len(n.inputs) > 2 and n.op_type in BIAS_OPS else ""
             if target.quantize_bias and bias_name in graph.initializers and in_scale is not None \
-                    and not np.asarray(s_in.zero_point).any():
+                    and s_in is not None and not np.asarray(s_in.zero_point).any():
                 bias_key = ("bias", bias_name, n.name, wq.name, w_axis, in_scale)
                 if bias_key not in memo:
                     b = numpy_helper.to_array(graph.initializers[bias_name])

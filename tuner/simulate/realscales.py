@@ -21,14 +21,15 @@ as it is. Per tensor it uses the tensor's ``HzCalibration`` node (hb_quantizer_f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tuner.candidate import Calibration
-from tuner.simulate.scales import QMAX, Scale
-from tuner.toolchain.calibrated import HzNode, MappedThresholds
+from tuner.inputs.calibrated import HzNode, MappedThresholds
+from tuner.simulate.scales import QMAX, Scale, Scales
 
-_ZP = {"int8": np.int8, "int16": np.int16, "uint8": np.uint8}
+_ZP: dict[str, type[np.integer[Any]]] = {"int8": np.int8, "int16": np.int16, "uint8": np.uint8}
 
 
 @dataclass(frozen=True)
@@ -77,12 +78,12 @@ def node_scale(node: HzNode, qtype: str, channel: bool) -> Scale:
 class RealScales:
     """Scales of every tensor from the real thresholds, tuner's ``fallback`` where there are none."""
 
-    def __init__(self, calibration: RealCalibration, fallback):
+    def __init__(self, calibration: RealCalibration, fallback: Scales):
         self.calibration = calibration
         self.real = calibration.real
         self.fallback = fallback
         self.stats = fallback.stats
-        self._cache: dict[tuple, Scale] = {}
+        self._cache: dict[tuple[str, str, bool], Scale] = {}
 
     def node_for(self, tensor: str, channel: bool = False) -> HzNode | None:
         """The calibration node whose thresholds apply to ``tensor`` (the equalized one for a Conv

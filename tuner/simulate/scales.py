@@ -20,12 +20,13 @@ Two of hb_mapper's rules live here (hb_quantizer_facts section 1, read from hori
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from tuner.calib.methods import channel_thresholds
-from tuner.calib.thresholds import ThresholdMemo
 from tuner.calib.stats import TensorStats
+from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration
 
 QMAX = {"int8": 127, "int16": 32767, "uint8": 255}
@@ -35,8 +36,8 @@ QMAX = {"int8": 127, "int16": 32767, "uint8": 255}
 class Scale:
     """Symmetric (zero point 0) or asymmetric uint8 quantization of one tensor."""
 
-    scale: np.ndarray          # scalar, or [C] along axis 1
-    zero_point: np.ndarray     # same shape; int8/int16/uint8 dtype
+    scale: np.ndarray | np.floating[Any]       # scalar, or [C] along axis 1
+    zero_point: np.ndarray | np.integer[Any]   # same shape; int8/int16/uint8 dtype
     axis: int | None
     threshold: float           # the per-tensor threshold (for tables)
     dequant: float | None = None   # an explicit dequantize_scale (real thresholds), else the largest channel's
@@ -57,6 +58,17 @@ def method_of(cal: Calibration) -> tuple[str, float | None]:
     raise ValueError(f"calibration_type {cal.type!r} has no direct threshold rule; resolve it first")
 
 
+class Scales(Protocol):
+    """What the simulated graph reads its scales from: a :class:`ScaleTable`, or mix's and the
+    real thresholds' tables (tuner.simulate.calibrate.MixScales, tuner.simulate.realscales.RealScales)."""
+
+    stats: dict[str, TensorStats]
+
+    def get(self, tensor: str, dtype: str, channel: bool = False) -> Scale: ...
+
+    def threshold(self, tensor: str, dtype: str = "int8") -> float: ...
+
+
 class ScaleTable:
     """Scales of every tensor under one explicit calibration (max / max-percentile / kl)."""
 
@@ -65,7 +77,7 @@ class ScaleTable:
         self.memo = memo or ThresholdMemo(stats)
         self.calibration = calibration
         self.method, self.percentile = method_of(calibration)
-        self._cache: dict[tuple[str, str], Scale] = {}
+        self._cache: dict[tuple[str, str, bool], Scale] = {}
 
     def threshold(self, tensor: str, dtype: str = "int8") -> float:
         return self.get(tensor, dtype).threshold
@@ -111,6 +123,7 @@ def floor_threshold(s: Scale, floor: np.ndarray, dtype: str) -> Scale:
     qmax = QMAX[dtype]
     floor = np.asarray(floor, np.float64).ravel()
     t = max(s.threshold, float(floor.max()))
+    scale: np.ndarray | np.floating[Any]
     if s.axis is not None and np.size(s.scale) == floor.size:
         scale = np.maximum(np.asarray(s.scale, np.float64), floor / qmax).astype(np.float32)
     elif s.axis is not None:

@@ -13,6 +13,8 @@ import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -23,19 +25,32 @@ from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.graph.softmax import SOFTMAX_PARTS, expand_softmax, softmax_part, softmax_tensors
+from tuner.inputs.calibrated import MappedThresholds
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
-from tuner.metrics.task import TaskScore, load_user_metrics
-from tuner.simulate import fakequant
-from tuner.simulate.calibrate import (DEFAULT_SEARCH_SAMPLES, MIX_SENSITIVITY_SAMPLES, DefaultChoice, MixedCalibration,
-                                      MixScales, calibration_nodes, choose_default, choose_mix, search_score,
-                                      single_node_plan)
+from tuner.metrics.task import LabelSet, MetricSpec, TaskScore, load_user_metrics
+from tuner.runtime import fakequant
+from tuner.runtime.session import make_session, run_samples, with_outputs
+from tuner.simulate.calibrate import (
+    DEFAULT_SEARCH_SAMPLES,
+    MIX_SENSITIVITY_SAMPLES,
+    DefaultChoice,
+    MixedCalibration,
+    MixScales,
+    calibration_nodes,
+    choose_default,
+    choose_mix,
+    search_score,
+    single_node_plan,
+)
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, weight_axis
 from tuner.simulate.realscales import RealCalibration, RealScales
-from tuner.simulate.scales import ScaleTable
-from tuner.simulate.session import make_session, run_samples, with_outputs
+from tuner.simulate.scales import Scales, ScaleTable
+
+#: The explicit calibration a candidate is simulated with: ``default`` and ``mix`` resolved, or hb_mapper's.
+Resolved = Calibration | MixedCalibration | RealCalibration
 
 #: Evaluation inputs up to this size stay in memory after set-up (beyond it they are streamed from disk).
 SAMPLE_CACHE_BYTES = 512 * 2**20
@@ -58,7 +73,7 @@ class NodeRow:
 @dataclass
 class Evaluation:
     candidate: Candidate
-    calibration: Calibration | MixedCalibration   # the explicit calibration that was simulated
+    calibration: Resolved   # the explicit calibration that was simulated
     outputs: dict[str, dict[str, float]]
     plan: Plan
     task: dict[str, float] = field(default_factory=dict)     # task metrics by spec text ("miou:seg")
@@ -87,7 +102,8 @@ class Simulator:
 
     def __init__(self, model: LoadedModel, target: Target, stats: dict[str, TensorStats], data: DataSet,
                  threads: int | None = None, session_cache: int = 4, thresholds: ThresholdMemo | None = None,
-                 task_metrics: list | None = None, labels=None, user_base=None,
+                 task_metrics: list[MetricSpec] | None = None, labels: LabelSet | None = None,
+                 user_base: Path | None = None,
                  calibration_data: DataSet | None = None):
         self.model = model
         self.target = target
@@ -100,18 +116,19 @@ class Simulator:
         self.user_fns = load_user_metrics(self.task_metrics, user_base)
         self.graph = Graph(model.proto, model.names)
         # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
-        # (same values, bit for bit; tuner.simulate.fakequant).
+        # (same values, bit for bit; tuner.runtime.fakequant).
         self.fused = fakequant.library() is not None
         self.weights = WeightCache()
         self.external = ExternalWeights()
-        self._build_memo: dict = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
-        self._sessions: OrderedDict[tuple, ort.InferenceSession] = OrderedDict()
+        self._build_memo: dict[Any, Any] = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
+        self._sessions: OrderedDict[tuple[Any, ...], ort.InferenceSession] = OrderedDict()
         self._session_cache = session_cache
         self.calibration_data = calibration_data
-        self._search: tuple[list, list] | None = None   # (samples, float outputs) of the method searches
-        self._choices: dict[tuple, DefaultChoice | MixedCalibration] = {}
-        self._scale_tables: dict = {}
-        self.real = None                 # hb_mapper's real thresholds (use_thresholds), else None
+        # (samples, float outputs) of the method searches
+        self._search: tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]] | None = None
+        self._choices: dict[tuple[Any, ...], DefaultChoice | MixedCalibration] = {}
+        self._scale_tables: dict[Resolved, Scales] = {}
+        self.real: MappedThresholds | None = None   # hb_mapper's real thresholds (use_thresholds), else None
         self.real_honour_qtypes = True
         self.session_builds = 0
         self.search_evaluations = 0    # model runs of default's / mix's method comparison (not mix's per-node ones)
@@ -129,7 +146,7 @@ class Simulator:
         # evaluation does not read, check and preprocess every file again: 7.5 ms of a 125 ms
         # evaluation on the example model.
         self.reference = []
-        samples: list | None = []
+        samples: list[dict[str, np.ndarray]] | None = []
         self._labels: list[dict[str, np.ndarray]] | None = [] if labels is not None else None
         room = SAMPLE_CACHE_BYTES
         for i, (sample, outs) in enumerate(run_samples(float_session, names, data, threads, with_inputs=True)):
@@ -150,14 +167,14 @@ class Simulator:
         self.float_seconds = time.perf_counter() - t0
 
     # -- calibration -------------------------------------------------------------------
-    def use_thresholds(self, real, honour_qtypes: bool = True) -> None:
-        """Simulate with hb_mapper's real thresholds (a :class:`~tuner.toolchain.calibrated.MappedThresholds`
+    def use_thresholds(self, real: MappedThresholds | None, honour_qtypes: bool = True) -> None:
+        """Simulate with hb_mapper's real thresholds (a :class:`~tuner.inputs.calibrated.MappedThresholds`
         from its calibrated model) instead of tuner's calibration; None: back to tuner's own.
         ``honour_qtypes``: the real qtypes win over the plan's int8/int16 (see tuner.simulate.realscales)."""
         self.real = real
         self.real_honour_qtypes = honour_qtypes
 
-    def scales(self, calibration: Calibration | MixedCalibration) -> ScaleTable | MixScales:
+    def scales(self, calibration: Resolved) -> Scales:
         if calibration not in self._scale_tables:
             if isinstance(calibration, RealCalibration):
                 self._scale_tables[calibration] = RealScales(calibration, self.scales(calibration.fallback))
@@ -167,11 +184,11 @@ class Simulator:
                 self._scale_tables[calibration] = ScaleTable(self.stats, calibration, self.thresholds)
         return self._scale_tables[calibration]
 
-    def resolve(self, candidate: Candidate) -> tuple[Calibration | MixedCalibration, list[str]]:
+    def resolve(self, candidate: Candidate) -> tuple[Resolved, list[str]]:
         """The explicit calibration to simulate; ``default`` and ``mix`` choose theirs as hb_mapper
         does (tuner.simulate.calibrate), once per (nodes, optimization)."""
         cal = candidate.calibration
-        if getattr(self, "real", None) is not None:
+        if self.real is not None:
             # tuner's scales only where hb_mapper calibrated nothing: the YAML's method when explicit
             fallback = cal if cal.type in ("max", "kl") else Calibration("max")
             real = RealCalibration(self.real, fallback, self.real_honour_qtypes)
@@ -206,7 +223,7 @@ class Simulator:
             self.thresholds.flush()
         return self._choices[key]
 
-    def _search_set(self) -> tuple[list[dict], list[dict]]:
+    def _search_set(self) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
         """(samples, float outputs) the method searches score on: the first DEFAULT_SEARCH_SAMPLES
         calibration samples (only those are read), else the first evaluation sample."""
         if self._search is None:
@@ -257,7 +274,8 @@ class Simulator:
         ev.seconds = time.perf_counter() - t0
         return ev
 
-    def tensors(self, candidate: Candidate, names: list[str], sample: dict) -> tuple[dict, dict]:
+    def tensors(self, candidate: Candidate, names: list[str],
+                sample: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(simulated, float) values of ``names`` on one sample: for debugging and tests."""
         calibration, _ = self.resolve(candidate)
         plan = self.plan(candidate)
@@ -268,7 +286,7 @@ class Simulator:
         ref = make_session(with_outputs(self.model.proto, list(names))).run(list(names), sample)
         return sim, dict(zip(names, ref))
 
-    def _session(self, candidate: Candidate, calibration: Calibration | MixedCalibration, plan: Plan,
+    def _session(self, candidate: Candidate, calibration: Resolved, plan: Plan,
                  extra: list[str]) -> ort.InferenceSession:
         key = (candidate.nodes, candidate.optimization, calibration, tuple(extra))
         if key in self._sessions:
@@ -284,7 +302,7 @@ class Simulator:
             self._sessions.popitem(last=False)
         return session
 
-    def _run(self, candidate: Candidate, calibration: Calibration | MixedCalibration, per_node: bool) -> Evaluation:
+    def _run(self, candidate: Candidate, calibration: Resolved, per_node: bool) -> Evaluation:
         plan = self.plan(candidate)
         extra = [n.outputs[0] for n in self.graph
                  if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
@@ -345,7 +363,7 @@ class Simulator:
                                 out_dtype=plan.out_dtype[node.name] if part == "mul" else dtype))
         return rows
 
-    def _rows(self, plan: Plan, calibration: Calibration | MixedCalibration,
+    def _rows(self, plan: Plan, calibration: Resolved,
               sims: dict[str, Similarity]) -> list[NodeRow]:
         scales = self.scales(calibration)
         rows = []

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.cost import CostModel
@@ -141,8 +141,8 @@ def greedy_revert(resolved: ResolvedSpace, scorer: Scorer, goal: Goal, calibrati
     return result
 
 
-def _cpu_one_by_one(resolved: ResolvedSpace, scorer: "Scorer", goal: Goal, calibration: Calibration,
-                    result: "BaselineResult", ranked: list[Decision], choices: dict[str, str]) -> bool:
+def _cpu_one_by_one(resolved: ResolvedSpace, scorer: Scorer, goal: Goal, calibration: Calibration,
+                    result: BaselineResult, ranked: list[Decision], choices: dict[str, str]) -> bool:
     """Both recipes' last resort: move decisions to the CPU in ``ranked`` order, one per step
     (keeping ``choices`` made so far), until ``goal`` is met. Decisions hb_mapper already puts
     on the CPU, or that cannot go there, are skipped."""

@@ -25,8 +25,8 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study.orphans import reap, stale_enabled, unverifiable
+from tuner.study.sections import parse_duration
 from tuner.study.session import StudySession
-from tuner.study.space import parse_duration
 
 
 class Output(Protocol):

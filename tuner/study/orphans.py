@@ -161,7 +161,7 @@ def unverifiable(trial: FrozenTrial, settle: float = 60.0) -> bool:
     or it has recorded no worker ``settle`` seconds after it started."""
     w = trial.user_attrs.get("worker")
     if w:
-        return w.get("host") != socket.gethostname()
+        return bool(w.get("host") != socket.gethostname())
     started = trial.datetime_start
     return started is not None and (datetime.datetime.now() - started).total_seconds() > settle
 

@@ -13,7 +13,6 @@ import csv
 import io
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,39 +25,9 @@ from tuner.errors import TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.study import results
 from tuner.study.record import TrialRecord
+from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
 from tuner.toolchain.records import real_records
-
-
-@dataclass
-class Trace:
-    """Per-node output cosine along the topological order, for one candidate."""
-
-    label: str
-    trial: int | None
-    nodes: list[dict[str, Any]]     # name, op_type, on, subgraph, cosine
-
-    @classmethod
-    def from_evaluation(cls, label: str, trial: int | None, ev) -> "Trace":
-        return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
-                                   "cosine": r.cosine} for r in ev.nodes])
-
-
-@dataclass
-class ReportSnapshot:
-    """Everything report.html shows, read from a study at one moment (no storage, no simulator)."""
-
-    name: str
-    info: dict[str, Any]                       # the study's tuner attribute (mode, objectives, march, ...)
-    storage: str                               # where the study lives, password redacted
-    directions: list[str]                      # "maximize" / "minimize" per objective
-    trials: list[FrozenTrial]                  # all trials (history, importances, failures)
-    rows: list[results.Row]                    # the completed trials with a record
-    real: dict[int, dict[str, Any]] = field(default_factory=dict)   # trial -> real toolchain record
-    sensitivity: dict[str, float] = field(default_factory=dict)
-    traces: list[Trace] = field(default_factory=list)
-    best_yaml: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: dict[str, float] | None = None,

@@ -13,8 +13,9 @@ directions, a trial's objective values and its constraints are derived here and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.candidate import Candidate
 
@@ -37,7 +38,7 @@ class Latency:
     _KEYS = ("total_ms", "bpu_ms", "cpu_ms", "switch_ms", "subgraphs", "boundary_tensors")
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Latency":
+    def from_json(cls, d: Mapping[str, Any]) -> Latency:
         return cls(**{k: d[k] for k in cls._KEYS})
 
     def to_json(self) -> dict[str, Any]:
@@ -53,7 +54,7 @@ class Counts:
     int16_nodes: int
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "Counts":
+    def from_json(cls, d: Mapping[str, Any]) -> Counts:
         return cls(subgraphs=d["subgraphs"], cpu_nodes=d["cpu_nodes"], int16_nodes=d["int16_nodes"])
 
     def to_json(self) -> dict[str, int]:
@@ -101,12 +102,12 @@ class TrialRecord:
     def node_info(self) -> dict[str, dict[str, str]]:
         return dict((self.candidate_fields.get("model_parameters") or {}).get("node_info") or {})
 
-    def as_duplicate_of(self, number: int) -> "TrialRecord":
+    def as_duplicate_of(self, number: int) -> TrialRecord:
         return replace(self, duplicate_of=number)
 
     # ------------------------------------------------------------------ the codec
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "TrialRecord":
+    def from_json(cls, d: Mapping[str, Any]) -> TrialRecord:
         known = {"key", "accuracy", "outputs", "task", "latency", "counts", "calibration", "candidate",
                  "cpu_nodes", "notes", "seconds", "duplicate_of"}
         cal = d.get("calibration") or {}
@@ -130,7 +131,7 @@ class TrialRecord:
         return out
 
     @classmethod
-    def of_trial(cls, trial) -> "TrialRecord | None":
+    def of_trial(cls, trial) -> TrialRecord | None:
         """The record of an Optuna trial (Frozen or live), or None when it has none."""
         d = trial.user_attrs.get(RECORD)
         return cls.from_json(d) if d else None
@@ -159,7 +160,7 @@ class Objectives:
             raise ValueError(f"objectives.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Objectives":
+    def from_dict(cls, d: Mapping[str, Any]) -> Objectives:
         """From a space file's section or a study's stored ``objectives`` attribute."""
         return cls(mode=d.get("mode", "pareto"), accuracy=d.get("accuracy", "mean_cosine"),
                    report=tuple(d.get("report") or ()), min_accuracy=d.get("min_accuracy"),

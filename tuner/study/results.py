@@ -6,7 +6,7 @@ anytime outputs, the report, ``tuner status``, ``export`` and ``verify``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -87,3 +87,34 @@ def best(rs: list[Row], mode: str, min_accuracy: float | None) -> Row | None:
     if mode == "latency" or (mode == "pareto" and min_accuracy is not None):
         return min(feas, key=lambda r: (r.latency_ms, -r.accuracy, r.number))
     return max(feas, key=lambda r: (r.accuracy, -r.latency_ms, -r.number))
+
+
+@dataclass
+class Trace:
+    """Per-node output cosine along the topological order, for one candidate."""
+
+    label: str
+    trial: int | None
+    nodes: list[dict[str, Any]]     # name, op_type, on, subgraph, cosine
+
+    @classmethod
+    def from_evaluation(cls, label: str, trial: int | None, ev) -> Trace:
+        return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
+                                   "cosine": r.cosine} for r in ev.nodes])
+
+
+@dataclass
+class ReportSnapshot:
+    """Everything report.html shows, read from a study at one moment (no storage, no simulator)."""
+
+    name: str
+    info: dict[str, Any]                       # the study's tuner attribute (mode, objectives, march, ...)
+    storage: str                               # where the study lives, password redacted
+    directions: list[str]                      # "maximize" / "minimize" per objective
+    trials: list[FrozenTrial]                  # all trials (history, importances, failures)
+    rows: list[Row]                    # the completed trials with a record
+    real: dict[int, dict[str, Any]] = field(default_factory=dict)   # trial -> real toolchain record
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    traces: list[Trace] = field(default_factory=list)
+    best_yaml: str | None = None
+    notes: list[str] = field(default_factory=list)

@@ -13,15 +13,36 @@ from pathlib import Path
 
 import optuna
 
-from tuner.study.loop import (STOP, budgeted_optimize, duration, install_stop_handlers, may_start, optimize_until,
-                              reap_dead, run, surplus, work)
+from tuner.console import progress_printer
+from tuner.study.loop import (
+    STOP,
+    budgeted_optimize,
+    duration,
+    install_stop_handlers,
+    may_start,
+    optimize_until,
+    reap_dead,
+    run,
+    surplus,
+    work,
+)
 from tuner.study.outputs import ReportSnapshot, Trace, default_renderer, export_trial, snapshot, trials_csv
 from tuner.study.session import StudySession, join_study
-from tuner.study.storage import (FINGERPRINTS, GRACE_FACTOR, HEARTBEAT_S, SENSITIVITY_ATTR, STUDY_ATTR, StudyPaths,
-                                 journal_storage, make_storage, open_existing, redact, study_info)
-from tuner.study.warmstart import reference_calibration, warm_start_plans
+from tuner.study.storage import (
+    FINGERPRINTS,
+    GRACE_FACTOR,
+    HEARTBEAT_S,
+    SENSITIVITY_ATTR,
+    STUDY_ATTR,
+    StudyPaths,
+    journal_storage,
+    make_storage,
+    open_existing,
+    redact,
+    study_info,
+)
 from tuner.study.warmstart import node_sensitivity as _node_sensitivity
-from tuner.workspace import progress_printer
+from tuner.study.warmstart import reference_calibration, warm_start_plans
 
 Search = StudySession                      # the old name
 _reference_calibration = reference_calibration

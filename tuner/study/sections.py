@@ -79,7 +79,7 @@ class NodesRule:
     precision: tuple[str, ...]
 
     @classmethod
-    def from_section(cls, n: dict[str, Any], where: str) -> "NodesRule":
+    def from_section(cls, n: dict[str, Any], where: str) -> NodesRule:
         if n["select"] not in ("bpu", "all"):
             raise TunerError(f"{where}.select: must be 'bpu' or 'all', got {n['select']!r}")
         for key in ("op_types", "names", "exclude"):
@@ -112,7 +112,7 @@ class CalibrationKnobs:
     per_channel: tuple[bool, ...]
 
     @classmethod
-    def from_section(cls, c: dict[str, Any], where: str) -> "CalibrationKnobs":
+    def from_section(cls, c: dict[str, Any], where: str) -> CalibrationKnobs:
         types = checked_list(f"{where}.calibration_type", c["calibration_type"], CALIBRATION_TYPES)
         pcts = checked_list(f"{where}.max_percentile", c["max_percentile"], None, (int, float))
         if not all(0.0 < float(p) <= 1.0 for p in pcts):
@@ -176,7 +176,7 @@ class StudySettings:
     warm_start: bool
 
     @classmethod
-    def from_section(cls, s: dict[str, Any], where: str) -> "StudySettings":
+    def from_section(cls, s: dict[str, Any], where: str) -> StudySettings:
         if s["sampler"] not in SAMPLERS:
             raise TunerError(f"{where}.sampler: must be one of {', '.join(SAMPLERS)}, got {s['sampler']!r}")
         for key in ("seed", "n_trials"):

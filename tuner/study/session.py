@@ -34,14 +34,27 @@ from tuner.inputs.model import file_fingerprint
 from tuner.metrics.accuracy import accuracy
 from tuner.study import results
 from tuner.study.orphans import reap, tag_trials
-from tuner.study.outputs import (ReportFile, ReportSnapshot, ResultFiles, Trace, default_renderer, export_trial,
-                                 snapshot)
+from tuner.study.outputs import ReportFile, ReportSnapshot, ResultFiles, Trace, default_renderer, export_trial, snapshot
 from tuner.study.record import RECORD, CalibrationUsed, Counts, Latency, Objectives, TrialRecord
 from tuner.study.space import ResolvedSpace, SearchSpace, load_space, resolve
-from tuner.study.storage import (FINGERPRINTS, HEARTBEAT_S, SENSITIVITY_ATTR, STUDY_ATTR, StudyPaths, load_study,
-                                 make_storage, redact, study_info)
-from tuner.study.warmstart import (Plan, best_baseline_calibration, node_sensitivity, reference_calibration,
-                                   warm_start_plans)
+from tuner.study.storage import (
+    FINGERPRINTS,
+    HEARTBEAT_S,
+    SENSITIVITY_ATTR,
+    STUDY_ATTR,
+    StudyPaths,
+    load_study,
+    make_storage,
+    redact,
+    study_info,
+)
+from tuner.study.warmstart import (
+    Plan,
+    best_baseline_calibration,
+    node_sensitivity,
+    reference_calibration,
+    warm_start_plans,
+)
 from tuner.workspace import Workspace, progress_printer
 
 
@@ -71,7 +84,7 @@ class StudySession:
     def open(cls, space_path: str | Path, name: str | None = None, storage: str | None = None,
              results_dir: str | Path = "results", threads: int | None = None, quiet: bool = False,
              sensitivity: dict[str, float] | None = None,
-             render: Callable[[ReportSnapshot], str] | None = None) -> "StudySession":
+             render: Callable[[ReportSnapshot], str] | None = None) -> StudySession:
         """``sensitivity``: the study's stored ranking (a worker joining it), instead of computing one."""
         space = load_space(space_path)
         name = name or space.name

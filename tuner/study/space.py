@@ -14,9 +14,10 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import onnx
 import yaml
@@ -25,18 +26,25 @@ from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.inputs.config import read_yaml
-from tuner.metrics.task import parse_metric_spec
+from tuner.metrics.task import MetricSpec, parse_metric_spec
 from tuner.study.record import Objectives
-from tuner.study.sections import (PRECISIONS, CalibrationKnobs, NodesRule, StudySettings, objectives_section,
-                                  parse_duration, task_metric_texts)
+from tuner.study.sections import (
+    PRECISIONS,
+    CalibrationKnobs,
+    NodesRule,
+    StudySettings,
+    objectives_section,
+    task_metric_texts,
+)
 
 DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 
 def _defaults() -> dict[str, Any]:
-    return yaml.safe_load(DEFAULTS_PATH.read_text(encoding="utf-8"))
+    defaults: dict[str, Any] = yaml.safe_load(DEFAULTS_PATH.read_text(encoding="utf-8"))
+    return defaults
 
 
-def _merge(defaults: dict, given: dict, where: str, path: Path) -> dict:
+def _merge(defaults: dict[str, Any], given: dict[str, Any], where: str, path: Path) -> dict[str, Any]:
     out = copy.deepcopy(defaults)
     for key, value in given.items():
         if key not in defaults:
@@ -70,19 +78,19 @@ class SearchSpace:
     # The sections as the file has them (for display and stored studies); code reads the typed ones.
     @property
     def nodes(self) -> dict[str, Any]:
-        return self.raw["nodes"]
+        return cast(dict[str, Any], self.raw["nodes"])
 
     @property
     def calibration(self) -> dict[str, Any]:
-        return self.raw["calibration"]
+        return cast(dict[str, Any], self.raw["calibration"])
 
     @property
     def objectives(self) -> dict[str, Any]:
-        return self.raw["objectives"]
+        return cast(dict[str, Any], self.raw["objectives"])
 
     @property
     def study(self) -> dict[str, Any]:
-        return self.raw["study"]
+        return cast(dict[str, Any], self.raw["study"])
 
     @property
     def march(self) -> str | None:
@@ -96,7 +104,7 @@ class SearchSpace:
     def labels(self) -> dict[str, str]:
         return self.raw["labels"]
 
-    def task_metrics(self) -> list:
+    def task_metrics(self) -> list[MetricSpec]:
         """The task metrics the evaluations must compute: the objective's (if a task metric) and report's."""
         return list(dict.fromkeys(parse_metric_spec(t) for t in task_metric_texts(self.objective)))
 
@@ -234,10 +242,10 @@ class ResolvedSpace:
     graph: Graph
     base: Candidate
     decisions: list[Decision]
-    calibration_params: dict[str, list]
+    calibration_params: dict[str, list[Any]]
     notes: list[str] = field(default_factory=list)
 
-    def distributions(self):
+    def distributions(self) -> dict[str, Any]:
         import optuna
 
         d = {dec.param: optuna.distributions.CategoricalDistribution(list(dec.choices)) for dec in self.decisions}
@@ -266,7 +274,7 @@ class ResolvedSpace:
         return Calibration(type=ctype, max_percentile=pct,
                            per_channel=bool(pc) if ctype in ("max", "kl") else False)
 
-    def params_for(self, calibration: Calibration, choices: dict[str, str] | None = None) -> dict[str, Any]:
+    def params_for(self, calibration: Calibration, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Parameters that reproduce ``calibration`` and per-node ``choices`` (others at hb defaults)."""
         params: dict[str, Any] = {}
         for dec in self.decisions:

@@ -39,7 +39,7 @@ def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
     ``manual_calibration`` (default: the reference calibration of the sensitivity ranking).
     Plans that make the same candidate are listed once."""
     space = r.space
-    k = space.knobs
+    knobs = space.knobs
     plans: list[Plan] = []
     seen = set()
 
@@ -49,9 +49,9 @@ def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
             seen.add(key)
             plans.append((label, params))
 
-    pcts = [p for p in k.max_percentile if Calibration(type="max", max_percentile=p).max_percentile is not None]
-    for ctype in k.calibration_type:
-        for pc in (k.per_channel if ctype in ("max", "kl") else [False]):
+    pcts = [p for p in knobs.max_percentile if Calibration(type="max", max_percentile=p).max_percentile is not None]
+    for ctype in knobs.calibration_type:
+        for pc in (knobs.per_channel if ctype in ("max", "kl") else [False]):
             cal = Calibration(type=ctype, per_channel=pc)
             add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
             if ctype == "max" and pcts:

@@ -19,10 +19,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import onnx
 
 from tuner.calib.methods import hb_kernel_percentile
-
-from tuner.toolchain.calibrated import QMAX, CalibratedModel, HzNode, MappedThresholds, map_to_graph
+from tuner.console import table
+from tuner.inputs.calibrated import QMAX, CalibratedModel, HzNode, MappedThresholds, load_thresholds, map_to_graph
 from tuner.toolchain.calibrated_run import PcCheck, check_on_pc
 
 #: default's max-percentile candidate (facts 2.1), used as "the" percentile when the YAML names none
@@ -86,7 +87,7 @@ class PercentileReading:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "rows": [asdict(r) for r in self.rows]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PercentileReading":
+    def from_dict(cls, d: dict) -> PercentileReading:
         return cls(**{**d, "rows": tuple(ReadingRow(**r) for r in d["rows"])})
 
 
@@ -112,7 +113,7 @@ class CalibratedReport:
                        "pc_check": self.pc_check.as_dict() if self.pc_check else None, "notes": self.notes})
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CalibratedReport":
+    def from_dict(cls, d: dict) -> CalibratedReport:
         d = _unclean(d)
         return cls(source=d["source"], config=d["config"], calibration=d["calibration"], nodes=d["nodes"],
                    rows=[ThresholdRow(**r) for r in d["rows"]],
@@ -123,7 +124,6 @@ class CalibratedReport:
                    notes=list(d.get("notes", [])))
 
     def text(self) -> str:
-        from tuner.report.text import table
 
         def f(v, digits=6):
             return "--" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
@@ -248,8 +248,6 @@ def plan_differences(mapped: MappedThresholds, plan, scales, graph) -> list[Plan
 
 def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = True) -> CalibratedReport:
     """Compare ``cal`` with what tuner simulates for the workspace's YAML (tuner.workspace.Workspace)."""
-    import onnx
-
     original = onnx.load(str(ws.model.path), load_external_data=False)
     mapped = map_to_graph(cal, ws.graph, original)
     sim = ws.simulator
@@ -335,8 +333,4 @@ def percentile_reading(ws, mapped: MappedThresholds, p: float) -> PercentileRead
 
 def real_thresholds(ws, path) -> MappedThresholds:
     """The real thresholds of the calibrated model at ``path``, addressed to the workspace's graph."""
-    import onnx
-
-    from tuner.toolchain.calibrated import read_calibrated
-
-    return map_to_graph(read_calibrated(path), ws.graph, onnx.load(str(ws.model.path), load_external_data=False))
+    return load_thresholds(path, ws.graph, ws.model.path)

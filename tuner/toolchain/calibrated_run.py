@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.errors import TunerError
-from tuner.simulate import fakequant
+from tuner.inputs.calibrated import OP, QMAX, CalibratedModel, HzNode
+from tuner.metrics import Similarity
+from tuner.runtime import fakequant
+from tuner.runtime.session import make_session, run_samples
 from tuner.simulate.realscales import node_scale
-from tuner.toolchain.calibrated import OP, QMAX, CalibratedModel, HzNode
 
 HORIZON = "horizon"
 MS = "com.microsoft"
@@ -63,8 +67,8 @@ def _standin(node: onnx.NodeProto, inits: list[TensorProto]) -> list[onnx.NodePr
                      "cannot run in plain onnxruntime")
 
 
-def _fake_quant(hz: HzNode, inits: list[TensorProto], fused: bool) -> list[onnx.NodeProto]:
-    s = node_scale(hz, hz.qtype, channel=len(hz.thresholds) > 1)
+def _fake_quant(hz: _WithInput, inits: list[TensorProto], fused: bool) -> list[onnx.NodeProto]:
+    s = node_scale(hz.node, hz.qtype, channel=len(hz.thresholds) > 1)
     base = hz.name
     scale = np.asarray(s.scale, np.float32)
     inits.append(numpy_helper.from_array(scale, f"{base}__scale"))
@@ -73,7 +77,7 @@ def _fake_quant(hz: HzNode, inits: list[TensorProto], fused: bool) -> list[onnx.
         return [fakequant.make_node(hz.tensor_input, f"{base}__scale", hz.output, f"{base}__FQ", *lo_hi, s.axis)]
     zp = np.asarray(s.zero_point)
     inits.append(numpy_helper.from_array(zp, f"{base}__zp"))
-    axis = {"axis": s.axis} if s.axis is not None else {}
+    axis: dict[str, Any] = {"axis": s.axis} if s.axis is not None else {}
     q = helper.make_node("QuantizeLinear", [hz.tensor_input, f"{base}__scale", f"{base}__zp"], [f"{base}__q"],
                          name=f"{base}__Q", domain=MS, **axis)
     if s.dequant is None:
@@ -99,8 +103,7 @@ def runnable_model(cal: CalibratedModel, switch_off: bool = False, fused: bool |
     nodes: list[onnx.NodeProto] = []
     for node in g.node:
         if node.op_type == OP:
-            hz = by_output[node.output[0]]
-            hz = _WithInput(hz, node.input[0])
+            hz = _WithInput(by_output[node.output[0]], node.input[0])
             if (switch_off or not hz.quantizes) and hz.dequantize_scale is not None and hz.per_channel:
                 # the float value the equalized Conv expects: x * dequantize_scale / s_c (its weight was
                 # pre-scaled by s_c / dequantize_scale); a plain identity would leave that scaling in
@@ -142,7 +145,11 @@ class _WithInput:
     def __init__(self, hz: HzNode, tensor_input: str):
         self._hz, self.tensor_input = hz, tensor_input
 
-    def __getattr__(self, name):
+    @property
+    def node(self) -> HzNode:
+        return self._hz
+
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._hz, name)
 
 
@@ -168,7 +175,7 @@ class PcCheck:
                 "notes": self.notes, "mean_cosine": self.mean_cosine}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PcCheck":
+    def from_dict(cls, d: dict) -> PcCheck:
         return cls(outputs=d["outputs"], samples=d["samples"], switched_off_cosine=d["switched_off_cosine"],
                    replaced=d["replaced"], identities=d["identities"], standins=dict(d.get("standins", {})),
                    notes=list(d.get("notes", [])))
@@ -176,11 +183,6 @@ class PcCheck:
 
 def check_on_pc(cal: CalibratedModel, float_model: onnx.ModelProto, data, threads: int | None = None) -> PcCheck:
     """Run the calibrated model (fake quant) and the float model on ``data`` (the YAML's samples)."""
-    import onnxruntime as ort
-
-    from tuner.metrics import Similarity
-    from tuner.simulate.session import make_session, run_samples
-
     fq = runnable_model(cal)
     off = runnable_model(cal, switch_off=True)
     names = [o.name for o in float_model.graph.output]

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from tuner.candidate import Candidate
+from tuner.console import table
 from tuner.simulate import Evaluation
 from tuner.toolchain.hblog import HbLog, name_matches
-from tuner.toolchain.records import jsonable
+from tuner.toolchain.records import jsonable, real_record
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -34,8 +35,8 @@ def spearman(a: list[float], b: list[float]) -> float | None:
     if len(a) != len(b) or len(a) < 3:
         return None
 
-    def ranks(x: list[float]) -> np.ndarray:
-        x = np.asarray(x, dtype=float)
+    def ranks(values: list[float]) -> np.ndarray:
+        x = np.asarray(values, dtype=float)
         order = np.argsort(x, kind="mergesort")
         r = np.empty(len(x))
         r[order] = np.arange(len(x), dtype=float)
@@ -173,7 +174,8 @@ class Comparison:
     @property
     def spearman(self) -> float | None:
         p = self._paired()
-        return spearman([n.sim_cosine for n in p], [n.real_cosine for n in p])
+        return spearman([n.sim_cosine for n in p if n.sim_cosine is not None],
+                        [n.real_cosine for n in p if n.real_cosine is not None])
 
     @property
     def n_paired(self) -> int:
@@ -217,7 +219,7 @@ class Comparison:
     @classmethod
     def build(cls, ev: Evaluation, log: HbLog, figures=None, pooled: Evaluation | None = None,
               terms: str | None = None, pooled_data: str | None = None,
-              pooled_samples: int | None = None) -> "Comparison":
+              pooled_samples: int | None = None) -> Comparison:
         """Pair an evaluation made with ``per_node=True`` with a parsed log.
 
         ``figures`` (a :class:`tuner.toolchain.logterms.LogFigures`) replaces the evaluation's
@@ -289,7 +291,7 @@ class Comparison:
         return jsonable(d)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Comparison":
+    def from_dict(cls, d: dict[str, Any]) -> Comparison:
         d = {k: v for k, v in d.items() if k != "summary"}
         d["nodes"] = [NodeComparison(**n) for n in d.get("nodes", [])]
         d["outputs"] = [OutputComparison(**o) for o in d.get("outputs", [])]
@@ -324,7 +326,6 @@ class Comparison:
         return "\n".join(lines)
 
     def node_table(self) -> str:
-        from tuner.report.text import table
 
         rows = []
         for n in self.nodes:
@@ -339,7 +340,6 @@ class Comparison:
                       "Threshold sim", "DataType real | sim", "int16 request"], rows)
 
     def output_table(self) -> str:
-        from tuner.report.text import table
 
         return table(["Output", "Cosine real", "Cosine sim", "gap", "Cosine sim pooled", "L1 real", "L1 sim",
                       "L2 real", "L2 sim", "Chebyshev real", "Chebyshev sim"],
@@ -383,11 +383,9 @@ def _f(value: float | None, digits: int = 6, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def comparison_for_trial(study, trial) -> "Comparison | None":
+def comparison_for_trial(study, trial) -> Comparison | None:
     """The comparison stored for a trial by ``tuner verify`` or ``tuner import-log --study/--trial``,
     or None when no log was attached to it. ``trial`` is a FrozenTrial or a trial number."""
-    from tuner.toolchain.records import real_record
-
     number = trial if isinstance(trial, int) else trial.number
     rec = real_record(study, number)
     if not rec or not rec.get("comparison"):

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tuner.errors import TunerError
 
@@ -176,7 +177,7 @@ class HbLog:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "HbLog":
+    def from_dict(cls, d: dict[str, Any]) -> HbLog:
         d = dict(d)
         d["nodes"] = [NodeRecord(**n) for n in d.get("nodes", [])]
         d["outputs"] = [OutputRecord(**o) for o in d.get("outputs", [])]

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import TunerError
+from tuner.files import write_atomic
 from tuner.graph import Target, load_target
 from tuner.toolchain.compare import Comparison
 
@@ -83,8 +84,6 @@ def learned_target(comparison: Comparison, target: Target, out: Path) -> tuple[d
 
 
 def write_learned_target(comparison: Comparison, target: Target, out: Path) -> list[str]:
-    from tuner.export.hb_yaml import write_atomic
-
     raw, changes = learned_target(comparison, target, out)
     head = (f"# tuner target table for march {raw['march']}, corrected by real hb_mapper logs (tuner import-log "
             "--update-target).\n# Use it with 'march: <this file>' in a space file. 'learned' lists the evidence.\n")

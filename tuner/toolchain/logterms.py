@@ -13,8 +13,9 @@ pooled figure on the evaluation data stays as a secondary column.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
-from tuner.candidate import Candidate
+from tuner.candidate import Calibration, Candidate
 from tuner.inputs.data import dataset_from_config
 from tuner.metrics import HbDistances, Similarity
 from tuner.simulate import Evaluation, Simulator
@@ -53,7 +54,8 @@ def log_simulator(ws) -> Simulator:
 def log_figures(sim: Simulator, candidate: Candidate) -> LogFigures:
     """``candidate`` on ``sim``'s samples, each tensor scored as hb_mapper scores it."""
     ev = sim.evaluate(candidate, per_node=True)
-    explicit = candidate.with_calibration(ev.calibration)   # ``default`` resolved once, on these samples
+    # ``default`` resolved once, on these samples (a resolved calibration keys a candidate as a Calibration does)
+    explicit = candidate.with_calibration(cast(Calibration, ev.calibration))
     outputs = list(sim.model.output_names)
     # the tensors and order Simulator._run uses for per_node, so its session is reused
     names = [n.outputs[0] for n in sim.graph if n.outputs and sim.graph.is_activation(n.outputs[0])]
@@ -79,7 +81,7 @@ def compare_with_log(log_sim: Simulator, candidate: Candidate, log: HbLog,
     figures = log_figures(log_sim, candidate)
     pooled = None
     if pooled_sim is not None:
-        pooled = pooled_sim.evaluate(candidate.with_calibration(figures.evaluation.calibration))
+        pooled = pooled_sim.evaluate(candidate.with_calibration(cast(Calibration, figures.evaluation.calibration)))
     return Comparison.build(figures.evaluation, log, figures=figures, pooled=pooled,
                             terms=TERMS, pooled_data=pooled_data,
                             pooled_samples=len(pooled_sim.reference) if pooled_sim is not None else None)

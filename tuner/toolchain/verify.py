@@ -36,12 +36,20 @@ from typing import Any
 import optuna
 import yaml
 
+from tuner.console import table
 from tuner.errors import TunerError
+from tuner.export.hb_yaml import dump_yaml
+from tuner.files import write_atomic
+from tuner.simulate import Simulator
 from tuner.study import results
 from tuner.study.record import Objectives
+from tuner.study.runner import export_trial, study_info
+from tuner.study.space import load_space
 from tuner.toolchain.compare import Comparison
 from tuner.toolchain.hblog import HbLog, parse_log, read_log
+from tuner.toolchain.logterms import compare_with_log, log_simulator
 from tuner.toolchain.records import real_record, real_records, save_real
+from tuner.workspace import Workspace
 
 LOG_NAME = "hb_mapper_makertbin.log"
 COSINE_OBJECTIVES = ("mean_cosine", "min_cosine")
@@ -152,14 +160,12 @@ class StudyContext:
     """A study plus what it takes to simulate its trials per node (opened on first use)."""
 
     def __init__(self, study: optuna.Study, paths, threads: int | None = None):
-        from tuner.study.runner import study_info
-
         self.study = study
         self.paths = paths
         self.info = study_info(study)
         self.threads = threads
         self._ws = None
-        self._log_sim = None     # the simulator on the log's terms (tuner.toolchain.logterms)
+        self._log_sim: Simulator | None = None     # the simulator on the log's terms (tuner.toolchain.logterms)
 
     @property
     def objective(self) -> str:
@@ -171,9 +177,6 @@ class StudyContext:
 
     def workspace(self):
         if self._ws is None:
-            from tuner.study.space import load_space
-            from tuner.workspace import Workspace
-
             space_path = Path(self.info.get("space_path", ""))
             if space_path.is_file():
                 self._ws = Workspace.for_space(load_space(space_path), threads=self.threads)
@@ -182,7 +185,6 @@ class StudyContext:
         return self._ws
 
     def compare(self, row: results.Row, log: HbLog) -> Comparison:
-        from tuner.toolchain.logterms import compare_with_log, log_simulator
 
         cand = row.trial_record.candidate
         ws = self.workspace()
@@ -193,9 +195,6 @@ class StudyContext:
 
     def export(self, row: results.Row, folder: Path) -> Path:
         """The trial's YAML in ``folder``, building into ``folder/model_output``."""
-        from tuner.export.hb_yaml import dump_yaml, write_atomic
-        from tuner.study.runner import export_trial
-
         out = folder / f"trial_{row.number:05d}.yaml"
         export_trial(row, out, Path(self.info["base_path"]), self.info.get("node_info_supported", True), None,
                      {"study": self.study.study_name, **self.info["fingerprints"]})
@@ -350,7 +349,6 @@ def attach_log(ctx: StudyContext, number: int, log: HbLog, feedback: bool = True
 
 
 def results_table(done: list[tuple[results.Row, dict[str, Any]]]) -> str:
-    from tuner.report.text import table
 
     def f(v, d=6, sign=False):
         return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")

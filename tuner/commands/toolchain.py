@@ -1,23 +1,19 @@
-"""The ``import-log`` and ``verify`` subcommands (registered by :func:`add_commands` in tuner.cli)."""
+"""``tuner import-calibrated``, ``import-log``, ``verify``: the real toolchain in the loop."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
+from tuner.commands import args as a
+from tuner.console import say, table
 from tuner.errors import TunerError
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def log_text(log) -> str:
+def log_text(log: Any) -> str:
     """A parsed log on its own (no YAML to compare with)."""
-    from tuner.report.text import table
-
     bpu = sum(1 for n in log.nodes if n.on == "BPU")
     subgraphs = len({n.subgraph for n in log.nodes if n.subgraph is not None})
     lines = [f"log        {log.path}" + (f"  (hb_mapper {log.versions['hb_mapper']})" if "hb_mapper" in log.versions
@@ -39,7 +35,7 @@ def log_text(log) -> str:
     return "\n".join(lines)
 
 
-def cmd_import_log(args: argparse.Namespace) -> int:
+def import_log(args: argparse.Namespace) -> int:
     from tuner.toolchain.compare import Comparison
     from tuner.toolchain.hblog import read_log, require_tables
 
@@ -62,11 +58,12 @@ def cmd_import_log(args: argparse.Namespace) -> int:
             comparison = Comparison.from_dict(record["comparison"])
             target = ctx.workspace().target
     elif args.config:
-        from tuner.workspace import Workspace, progress_printer
+        from tuner.console import progress_printer
+        from tuner.toolchain.logterms import compare_with_log, log_simulator
+        from tuner.workspace import Workspace
 
         ws = Workspace.open(args.config, limit=args.limit, march=args.march, threads=args.threads,
                             progress=progress_printer("calibration statistics"))
-        from tuner.toolchain.logterms import compare_with_log, log_simulator
 
         # on the log's terms (first calibration sample, hb's formulas); pooled over the data as well
         comparison = compare_with_log(log_simulator(ws), ws.base_candidate(), log, pooled_sim=ws.simulator,
@@ -74,14 +71,14 @@ def cmd_import_log(args: argparse.Namespace) -> int:
         target = ws.target
     changes = None
     if args.update_target:
-        if comparison is None:
+        if comparison is None or target is None:
             raise TunerError("--update-target needs --config YAML (or --study/--trial): the tool's decisions are "
                              "compared with what tuner assumed for that YAML")
         from tuner.toolchain.learn import write_learned_target
 
         changes = write_learned_target(comparison, target, Path(args.update_target))
     if args.json:
-        out = {"log": log.as_dict()}
+        out: dict[str, Any] = {"log": log.as_dict()}
         if comparison is not None:
             out["comparison"] = comparison.as_dict()
         if record is not None:
@@ -106,7 +103,7 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def verify(args: argparse.Namespace) -> int:
     from tuner.study.runner import duration, open_existing
     from tuner.toolchain.verify import StudyContext, results_table, verify_study
 
@@ -121,7 +118,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     ctx = StudyContext(study, paths, args.threads)
     done = verify_study(ctx, args.command, top=args.top, numbers=numbers, timeout=duration(args.timeout),
-                        again=args.again, feedback=not args.no_feedback, log_name=args.log_name, say=_say)
+                        again=args.again, feedback=not args.no_feedback, log_name=args.log_name, say=say)
     print(results_table(done))
     added = [str(rec["feedback_trial"]) for _, rec in done if rec.get("feedback_trial") is not None]
     if added:
@@ -130,10 +127,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if all(rec.get("status") == "ok" for _, rec in done) else 1
 
 
-def cmd_import_calibrated(args: argparse.Namespace) -> int:
-    from tuner.toolchain.calibrated import read_calibrated
+def import_calibrated(args: argparse.Namespace) -> int:
+    from tuner.console import progress_printer
+    from tuner.inputs.calibrated import read_calibrated
     from tuner.toolchain.calibrated_report import build_report
-    from tuner.workspace import Workspace, progress_printer
+    from tuner.workspace import Workspace
 
     cal = read_calibrated(args.calibrated)      # a file without HzCalibration nodes stops here
     ws = Workspace.open(args.config, limit=args.limit, march=args.march, threads=args.threads,
@@ -146,7 +144,7 @@ def cmd_import_calibrated(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import-calibrated", help="read hb_mapper's *_calibrated_model.onnx: real vs tuner thresholds, "
                                                  "plan differences, and the calibrated model run on the PC",
                        description="Read every HzCalibration node of hb_mapper's calibrated model (left in "
@@ -155,13 +153,13 @@ def add_commands(sub) -> None:
                                    "onnxruntime against the float model on the YAML's data (the 'check the "
                                    "calibrated model on the PC' step, without the toolchain).")
     p.add_argument("calibrated", help="working_dir/<prefix>_calibrated_model.onnx")
-    p.add_argument("config", help="the hb_mapper YAML that produced it")
-    p.add_argument("--limit", type=int, help="use at most this many calibration samples for the PC check")
+    a.config(p, "the hb_mapper YAML that produced it")
+    a.limit(p, "use at most this many calibration samples for the PC check")
     p.add_argument("--no-run", action="store_true", help="compare thresholds only (no data pass, no PC check)")
-    p.add_argument("--march", help="override model_parameters.march")
-    p.add_argument("--threads", type=int, help="evaluation threads")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_import_calibrated)
+    a.march(p, "override model_parameters.march")
+    a.threads(p, "evaluation threads")
+    a.json_output(p, "print the report as JSON")
+    p.set_defaults(func=import_calibrated)
 
     p = sub.add_parser("import-log", help="read an hb_mapper makertbin log; compare it with the simulation",
                        description="Parse hb_mapper_makertbin.log (node table, output table, chosen calibration, "
@@ -171,16 +169,16 @@ def add_commands(sub) -> None:
     p.add_argument("--config", help="the hb_mapper YAML that produced the log, to compare with the simulation")
     p.add_argument("--study", help="attach the log to a trial of this study (with --trial)")
     p.add_argument("--trial", type=int, help="the trial whose exported YAML was converted")
-    p.add_argument("--storage", help="Optuna storage URL, when the study is not in results/")
-    p.add_argument("--results-dir", default="results", help="where study folders are (default: results)")
+    a.storage(p)
+    a.results_dir(p)
     p.add_argument("--update-target", metavar="FILE",
                    help="write/update a target table corrected by the tool's decisions (use it as 'march: FILE')")
-    p.add_argument("--no-feedback", action="store_true", help="with --study: do not add the real value as a trial")
-    p.add_argument("--limit", type=int, help="simulate on at most this many samples")
-    p.add_argument("--march", help="override model_parameters.march")
-    p.add_argument("--threads", type=int, help="evaluation threads")
-    p.add_argument("--json", action="store_true", help="print everything as JSON")
-    p.set_defaults(func=cmd_import_log)
+    a.no_feedback(p, "with --study: do not add the real value as a trial")
+    a.limit(p, "simulate on at most this many samples")
+    a.march(p, "override model_parameters.march")
+    a.threads(p, "evaluation threads")
+    a.json_output(p, "print everything as JSON")
+    p.set_defaults(func=import_log)
 
     p = sub.add_parser("verify", help="run hb_mapper (or a board script) on a study's best trials; store real figures",
                        description="For each chosen trial, export its YAML to results/<study>/verify/trial_NNNNN/ and "
@@ -189,17 +187,17 @@ def add_commands(sub) -> None:
                                    "({\"accuracy\": ...}) are imported and stored on the trial; real accuracies are "
                                    "added to the study so the sampler learns from them. Exit code 1 if any trial "
                                    "failed.")
-    p.add_argument("study", help="study name (results/<name>) or its folder")
+    a.study(p)
     p.add_argument("--command", required=True,
                    help="e.g. 'hb_mapper makertbin --config {yaml} --model-type onnx' or 'python board_eval.py {yaml}'")
     p.add_argument("--top", type=int, help="the K best trials (default: the whole Pareto front)")
     p.add_argument("--trials", help="these trial numbers, e.g. 12,40")
-    p.add_argument("--timeout", help="per trial (seconds, or 30m, 2h); the command is killed after it")
+    a.timeout(p, "per trial (seconds, or 30m, 2h); the command is killed after it")
     p.add_argument("--log-name", default="hb_mapper_makertbin.log",
                    help="the log file the command writes, relative to its folder (default: %(default)s)")
     p.add_argument("--again", action="store_true", help="rerun trials verified before")
-    p.add_argument("--no-feedback", action="store_true", help="do not add the real values to the study")
-    p.add_argument("--storage", help="Optuna storage URL, when the study is not in results/")
-    p.add_argument("--results-dir", default="results", help="where study folders are (default: results)")
-    p.add_argument("--threads", type=int, help="evaluation threads for the comparison")
-    p.set_defaults(func=cmd_verify)
+    a.no_feedback(p)
+    a.storage(p)
+    a.results_dir(p)
+    a.threads(p, "evaluation threads for the comparison")
+    p.set_defaults(func=verify)

@@ -25,9 +25,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.files import cache_dir
 
 DOMAIN = "tuner.sim"
 OP = "FakeQuant"
@@ -59,12 +64,14 @@ def library() -> str | None:
     return _library
 
 
-def bounds(zero_point: np.ndarray) -> tuple[float, float] | None:
+def bounds(zero_point: np.ndarray | np.integer[Any]) -> tuple[float, float] | None:
     """(lo, hi) of ``round(x / s)`` for this zero point, or None when FakeQuant cannot express it
     (zero points that differ per channel)."""
     zp = np.asarray(zero_point)
-    qmin, qmax = QRANGE.get(zp.dtype.char, (None, None))
-    if qmin is None or (zp.size > 1 and not (zp == zp.flat[0]).all()):
+    if zp.dtype.char not in QRANGE:
+        return None
+    qmin, qmax = QRANGE[zp.dtype.char]
+    if (zp.size > 1 and not (zp == zp.flat[0]).all()):
         return None
     z = int(zp.flat[0]) if zp.size else 0
     return float(qmin - z), float(qmax - z)
@@ -98,10 +105,6 @@ def _cpu_flags() -> str:
 
 
 def _find_or_build() -> str | None:
-    import onnxruntime as ort
-
-    from tuner.calib.collect import cache_dir
-
     cc = _compiler()
     if cc is None:
         log.warning("tuner: no C compiler (set CC, or install gcc) for the fused fake-quant kernel; using "
@@ -130,7 +133,7 @@ def _find_or_build() -> str | None:
             log.warning("tuner: could not compile the fused fake-quant kernel with %s; using QuantizeLinear/"
                         "DequantizeLinear pairs (same results, slower):\n%s", cc, run.stderr.strip()[-2000:])
             return None
-        check = subprocess.run([sys.executable, "-c", "import sys; from tuner.simulate.fakequant import "
+        check = subprocess.run([sys.executable, "-c", "import sys; from tuner.runtime.fakequant import "
                                 "self_check; self_check(sys.argv[1])", tmp], capture_output=True, text=True,
                                timeout=300, env={**os.environ, "TUNER_FAKEQUANT": "0"})
         if check.returncode != 0:
@@ -160,9 +163,6 @@ def _check_values(rng: np.random.Generator, shape: tuple[int, ...], scale: float
 def self_check(path: str) -> None:
     """Raise (exit non-zero in the checking process) unless FakeQuant in ``path`` equals
     QuantizeLinear -> DequantizeLinear bit for bit, for every dtype, per tensor and per channel."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
     rng = np.random.default_rng(0)
     shape = (2, 5, 7, 9)   # odd sizes: vector loops and their remainders
     cases = []
@@ -178,8 +178,10 @@ def self_check(path: str) -> None:
     opts.log_severity_level = 3
     for k, (scale, zp) in enumerate(cases):
         axis = 1 if scale.ndim else None
-        lo, hi = bounds(zp)
-        attrs = {"axis": axis} if axis is not None else {}
+        lo_hi = bounds(zp)
+        assert lo_hi is not None   # every case has one zero point
+        lo, hi = lo_hi
+        attrs: dict[str, Any] = {"axis": axis} if axis is not None else {}
         inits = [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zp, "z")]
         nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], domain="com.microsoft", **attrs),
                  helper.make_node("DequantizeLinear", ["q", "s", "z"], ["ref"], domain="com.microsoft", **attrs),

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tuner.simulate.session import PATTERN_OPS, disabled_optimizers, make_session
+from tuner.runtime.session import PATTERN_OPS, disabled_optimizers, make_session
 
 MS = "com.microsoft"
 

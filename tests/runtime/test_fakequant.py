@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import write_example_project, write_tiny_project
+
 from tuner.candidate import Calibration, Candidate
-from tuner.simulate import fakequant
+from tuner.runtime import fakequant
+from tuner.runtime.session import make_session
 from tuner.simulate.qdq import build_sim_model
-from tuner.simulate.session import make_session
 from tuner.workspace import Workspace
 
 
@@ -87,7 +87,7 @@ def test_a_build_that_disagrees_with_qdq_is_not_kept(tmp_path, monkeypatch, capl
     bad.write_text(fakequant.SOURCE.read_text().replace("nearbyintf(v)", "roundf(v)"))
     monkeypatch.setattr(fakequant, "SOURCE", bad)
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
-    with caplog.at_level(logging.WARNING, logger="tuner.simulate.fakequant"):
+    with caplog.at_level(logging.WARNING, logger="tuner.runtime.fakequant"):
         assert fakequant._find_or_build() is None
     assert "failed its check" in caplog.text
     assert not list((tmp_path / "cache" / "kernels").glob("*.so"))

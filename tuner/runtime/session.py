@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from tuner.simulate import fakequant
+from tuner.runtime import fakequant
 
 # Graph transformers that rewrite Q/DQ nodes. In a simulated graph every Q/DQ pair is a
 # quantization point of the plan, which none of them may move, merge, fuse or re-type:

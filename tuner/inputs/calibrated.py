@@ -16,6 +16,8 @@ No public calibrated model exists: the tests build theirs from these notes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ import onnx
 from onnx import numpy_helper
 
 from tuner.errors import TunerError
+from tuner.graph import Graph
 
 OP = "HzCalibration"
 SUFFIX = "_HzCalibration"
@@ -79,7 +82,7 @@ class HzNode:
                 "group": self.group}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "HzNode":
+    def from_dict(cls, d: dict) -> HzNode:
         return cls(**{**d, "thresholds": tuple(d["thresholds"])})
 
 
@@ -226,13 +229,10 @@ class MappedThresholds:
 
 
 def _digest(nodes: tuple[HzNode, ...]) -> str:
-    import hashlib
-    import json
-
     return hashlib.sha256(json.dumps([n.as_dict() for n in nodes], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def map_to_graph(cal: CalibratedModel, graph, onnx_model: onnx.ModelProto | None = None) -> MappedThresholds:
+def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None = None) -> MappedThresholds:
     """Address every calibration node to tuner's graph (:class:`tuner.graph.Graph`).
 
     hb_mapper calibrates its own optimized graph, whose tensor names are usually the ONNX ones. A
@@ -281,3 +281,9 @@ def map_to_graph(cal: CalibratedModel, graph, onnx_model: onnx.ModelProto | None
     return MappedThresholds(source=str(cal.path), digest=_digest(cal.nodes),
                             activations={t: tuple(v) for t, v in acts.items()}, weights=weights,
                             unmapped=tuple(unmapped))
+
+
+def load_thresholds(path: str | Path, graph: Graph, model_path: str | Path) -> MappedThresholds:
+    """The real thresholds of the calibrated model at ``path``, addressed to ``graph`` (loaded
+    from the ONNX at ``model_path``, whose tensor names tell a fused tensor from a wrong one)."""
+    return map_to_graph(read_calibrated(path), graph, onnx.load(str(model_path), load_external_data=False))

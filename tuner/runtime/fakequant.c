@@ -2,7 +2,7 @@
  *
  * The values are those of QuantizeLinear followed by DequantizeLinear (x / s, rounding half to
  * even, saturation to the integer range shifted by the zero point), which take two passes and an
- * integer tensor in between. tuner/simulate/fakequant.py builds this file into a shared library
+ * integer tensor in between. tuner/runtime/fakequant.py builds this file into a shared library
  * for onnxruntime's custom-op loader and checks it against that pair before using it.
  *
  * Inputs: X (float), S (float, one scale, or one per channel along `axis`).

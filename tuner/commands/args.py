@@ -1,0 +1,86 @@
+"""Argument groups the commands share, each declared once (flag, type, default); a command may
+word the help for its own use."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+Parser = argparse.ArgumentParser
+
+
+def config(p: Parser, help: str = "the hb_mapper makertbin YAML") -> None:
+    p.add_argument("config", help=help)
+
+
+def study(p: Parser, help: str = "study name (results/<name>) or its folder") -> None:
+    p.add_argument("study", help=help)
+
+
+def data(p: Parser, help: str = "evaluate on this folder instead of cal_data_dir (';' between inputs)") -> None:
+    p.add_argument("--data", help=help)
+
+
+def data_dirs(text: str | None) -> list[Path] | None:
+    """``--data``: folders, one per model input, ';' between them."""
+    return [Path(p) for p in text.split(";")] if text else None
+
+
+def limit(p: Parser, help: str = "use at most this many evaluation samples") -> None:
+    p.add_argument("--limit", type=int, help=help)
+
+
+def march(p: Parser, help: str = "override model_parameters.march (bayes-e, ...)") -> None:
+    p.add_argument("--march", help=help)
+
+
+def threads(p: Parser, help: str = "evaluation threads (default: all cores)") -> None:
+    p.add_argument("--threads", type=int, help=help)
+
+
+def json_output(p: Parser, help: str = "print the result as JSON") -> None:
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def storage(p: Parser, help: str = "Optuna storage URL, when the study is not in results/") -> None:
+    p.add_argument("--storage", help=help)
+
+
+def results_dir(p: Parser, help: str = "where study folders are (default: results)") -> None:
+    p.add_argument("--results-dir", default="results", help=help)
+
+
+def timeout(p: Parser, help: str = "stop after this long (seconds, or 30m, 8h)") -> None:
+    p.add_argument("--timeout", help=help)
+
+
+def n_trials(p: Parser, help: str) -> None:
+    p.add_argument("--n-trials", type=int, help=help)
+
+
+def no_feedback(p: Parser, help: str = "do not add the real values to the study") -> None:
+    p.add_argument("--no-feedback", action="store_true", help=help)
+
+
+def simulation(p: Parser) -> None:
+    """What every command that simulates an hb_mapper YAML takes."""
+    config(p, "the hb_mapper makertbin YAML (reads onnx_model, cal_data_dir, node_info, calibration_parameters); "
+              "sensitivity also takes a search space")
+    data(p)
+    limit(p)
+    march(p)
+    threads(p)
+    json_output(p)
+
+
+def workers(p: Parser) -> None:
+    """How workers survive each other's death."""
+    p.add_argument("--max-retry", type=int, default=1, help="times a trial left running by a killed worker is "
+                                                            "re-run (default 1; 0: never)")
+    p.add_argument("--heartbeat", type=float, help="database storages: seconds between a worker's heartbeats; a "
+                                                   "trial silent for 3 heartbeats is failed (default 20)")
+
+
+def preprocess(p: Parser) -> None:
+    p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
+                                        "(default: read and resize the images as the YAML's input parameters say)")

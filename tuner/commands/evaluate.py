@@ -1,0 +1,84 @@
+"""``tuner eval``: simulate the quantization an hb_mapper YAML describes, print it as hb_mapper's log does."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from tuner.commands import args as a
+from tuner.errors import TunerError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="simulate the quantization an hb_mapper YAML describes and compare with float",
+                       description="Simulate the quantization that an hb_mapper makertbin YAML describes, and print "
+                                   "per-output and per-node similarity to the float model.")
+    a.simulation(p)
+    p.add_argument("--no-nodes", action="store_true", help="skip the per-node table (faster)")
+    p.add_argument("--trace", action="store_true", help="accumulated-error view: per node in graph order, the "
+                                                        "cosine, its change from the node's inputs, and CPU/BPU "
+                                                        "switches; marks where error enters")
+    p.add_argument("--thresholds", metavar="CALIBRATED.onnx",
+                   help="simulate with hb_mapper's real thresholds and qtypes from its *_calibrated_model.onnx "
+                        "instead of tuner's calibration")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.console import progress_printer
+    from tuner.inputs.calibrated import load_thresholds
+    from tuner.report import text
+    from tuner.workspace import Workspace
+
+    t0 = time.perf_counter()
+    ws = Workspace.open(args.config, data=a.data_dirs(args.data), limit=args.limit, march=args.march,
+                        threads=args.threads, progress=progress_printer("calibration statistics"))
+    t_stats = time.perf_counter() - t0
+    if args.thresholds:
+        ws.real_thresholds = load_thresholds(args.thresholds, ws.graph, ws.model.path)
+    if args.trace and args.no_nodes:
+        raise TunerError("--trace shows the per-node values that --no-nodes skips; use one of them")
+    ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)
+    info: dict[str, Any] = {
+        "config": str(ws.config.path),
+        "model": {"path": str(ws.model.path), "sha256": ws.model.fingerprint},
+        "calibration_data": {"folders": [str(i.folder) for i in ws.calibration_data.inputs],
+                             "samples": len(ws.calibration_data), "sha256": ws.calibration_data.fingerprint()},
+        "eval_data": {"folders": [str(i.folder) for i in ws.eval_data.inputs], "samples": len(ws.eval_data)},
+        "march": ws.target.march,
+        "statistics": {"from_cache": ws.stats_from_cache, "seconds": t_stats},
+        "warnings": ws.warnings,
+        "graph": ws.model.names.summary(),   # what hb_mapper's optimizer changed (tuner.graph.optimize)
+    }
+    if args.json:
+        if args.trace:
+            info["trace"] = text.accumulated_rows(ev, ws.graph)
+        print(text.to_json(ev, info))
+        return 0
+    for w in ws.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"model      {ws.model.path}  (sha256 {ws.model.fingerprint[:12]})")
+    print(f"data       {'; '.join(info['eval_data']['folders'])}  ({len(ws.eval_data)} samples)")
+    src = "from cache" if ws.stats_from_cache else f"one pass over {len(ws.calibration_data)} samples"
+    print(f"target     {ws.target.march}; calibration statistics {src} ({t_stats:.1f} s)")
+    for line in info["graph"]:
+        print(f"graph      {line}")
+    print(f"calibration {ev.calibration.describe()}"
+          + ("" if ev.calibration == ev.candidate.calibration else f"  (YAML: {ev.candidate.calibration.type})"))
+    if ev.nodes:
+        print()
+        print(text.accumulated_table(ev, ws.graph) if args.trace else text.node_table(ev))
+    print()
+    print(text.summary_line(ev))
+    for note in ev.notes:
+        print(f"note: {note}")
+    merge = text.merge_info_table(ev)
+    if merge:
+        print()
+        print(merge)
+    print()
+    print(text.output_table(ev))
+    print(f"\nmean output cosine {ev.mean_cosine:.6f}  ({ev.seconds:.2f} s)")
+    return 0

@@ -1,0 +1,267 @@
+"""``tuner search``, ``worker``, ``status``, ``export``, ``report``: the Optuna study and its results."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from tuner.commands import args as a
+from tuner.errors import TunerError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="search node placement, int16 and calibration; resumes an existing study",
+                       description="Start, or continue, an Optuna study over the space file's knobs. Results are "
+                                   "rewritten as they improve: results/<study>/best.yaml, pareto/, trials.csv.")
+    p.add_argument("space", help="search space YAML (see search_spaces/README.md)")
+    p.add_argument("--study", help="study name (default: study.name in the space, else the file name)")
+    a.n_trials(p, "run until the study holds this many completed trials")
+    a.timeout(p)
+    p.add_argument("--jobs", type=int, default=1, help="worker processes on this machine (default 1)")
+    a.storage(p, "Optuna storage URL (default: a journal file in results/<study>/)")
+    p.add_argument("--seed", type=int, help="sampler seed (default: study.seed in the space)")
+    a.threads(p, "evaluation threads per worker (default: all cores)")
+    a.workers(p)
+    a.results_dir(p, "where study folders go (default: results)")
+    p.set_defaults(func=search)
+
+    p = sub.add_parser("worker", help="join an existing study as one more worker (another machine, same files)",
+                       description="Run trials of an existing study, e.g. on another machine sharing a PostgreSQL "
+                                   "storage. This machine's model, data, base YAML and space must be the study's "
+                                   "(their sha256 are checked; a mismatch is refused).")
+    a.study(p, "study name")
+    a.storage(p, "the study's storage URL, e.g. postgresql://user:password@host/db (default: "
+                 "results/<study>/study.journal)")
+    p.add_argument("--space", help="this machine's copy of the space file (default: the path the study recorded)")
+    a.n_trials(p, "stop when the study holds this many completed trials (default: the space's study.n_trials)")
+    a.timeout(p)
+    a.threads(p)
+    a.workers(p)
+    a.results_dir(p, "where this machine writes best.yaml, pareto/ (default: results)")
+    p.set_defaults(func=worker)
+
+    for name, func, helptext in (("status", status, "trials, best and Pareto front of a study"),
+                                 ("export", export, "write a trial's hb_mapper YAML (default: the best)")):
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        a.study(p)
+        a.storage(p)
+        a.results_dir(p)
+        if name == "export":
+            p.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
+            p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml)")
+            p.add_argument("--by", choices=("simulated", "real"), default="simulated",
+                           help="pick the best by the simulated figure (default) or by the real one 'tuner verify' "
+                                "stored")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("report", help="write results/<study>/report.html (Pareto, history, sensitivity, per-node "
+                                      "error, chosen node_info)",
+                       description="Write the study's self-contained HTML report (opens offline). The search "
+                                   "rewrites it as it goes; this command redraws it, e.g. after the search stopped.")
+    a.study(p)
+    a.storage(p)
+    a.results_dir(p)
+    a.threads(p)
+    p.set_defaults(func=report)
+
+
+def _stop_message(text: str) -> None:
+    print(f"tuner: {text}", file=sys.stderr, flush=True)
+
+
+def search(args: argparse.Namespace) -> int:
+    from tuner.study.runner import Search, duration, install_stop_handlers, redact, run
+
+    # During set-up Ctrl-C interrupts at once (a process started in the background inherits
+    # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not _data_ok(args.space):
+        return 2
+    search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
+    search.heartbeat, search.max_retry = args.heartbeat, args.max_retry
+    st = search.space.study
+    n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
+    timeout = duration(args.timeout) if args.timeout is not None else duration(st["timeout"])
+    seed = args.seed if args.seed is not None else st["seed"]
+    for w in search.ws.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    r = search.resolved
+    print(f"study {search.name}: {len(r.decisions)} node decision(s), calibration knobs "
+          f"{', '.join(r.calibration_params) or 'fixed'}; mode {search.mode}; storage "
+          f"{redact(search.storage_url) if search.storage_url else search.paths.journal}")
+    # Ctrl-C and SIGTERM (schedulers) from here on: finish the running trial, keep the storage
+    # consistent, print the summary; a second Ctrl-C aborts the trial.
+    install_stop_handlers(_stop_message)
+    study, info = run(search, n_trials, timeout, args.jobs, seed)
+    if info["zombies"]:
+        print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
+              + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
+    print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
+    if info.get("stopped"):
+        print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
+        return 1
+    if info["interrupted"]:
+        print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
+        return 130
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    from optuna.trial import TrialState
+
+    from tuner.study.runner import STOP, duration, install_stop_handlers, join_study, redact, work
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    search = join_study(args.study, args.storage, args.space, args.results_dir, args.threads, args.heartbeat,
+                        args.max_retry)
+    study = search.study(None, create=False)
+    st = search.space.study
+    n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
+    timeout = duration(args.timeout) if args.timeout is not None else duration(st["timeout"])
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    print(f"worker {os.getpid()} joined study {search.name} ({done} of {n_trials} trials completed); storage "
+          f"{redact(args.storage) if args.storage else search.paths.journal}", flush=True)
+    install_stop_handlers(_stop_message)
+    work(search, study, n_trials, timeout)
+    search.write_results(study, force=True)
+    print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
+    if STOP.is_set():
+        print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _data_ok(space_path: str) -> bool:
+    """The brief data check at the start of a search: errors stop it, warnings are listed."""
+    from tuner.inputs.checks import check_data, format_report
+    from tuner.study.space import load_space
+
+    space = load_space(space_path)
+    report = check_data(space.base)
+    if report.exit_code() == 2:
+        print(format_report(report), file=sys.stderr)
+        print("tuner: error: the calibration data are unusable (see above); fix them or run 'tuner check-data "
+              f"{space.base}'", file=sys.stderr)
+        return False
+    for f in report.findings:
+        if f.severity != "info":
+            print(f"data {f.severity}: {f.message}", file=sys.stderr)
+    return True
+
+
+def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None) -> None:
+    """Trial counts, the Pareto front (the best marked) and where the results are."""
+    from optuna.trial import TrialState
+
+    from tuner.console import table
+    from tuner.study.results import best, pareto, rows
+
+    rs = rows(study)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    n_fail = sum(s == TrialState.FAIL for s in states)
+    print(f"\n{len(rs)} completed trial(s), {n_fail} failed, {sum(s == TrialState.RUNNING for s in states)} running")
+    front = pareto(rs)
+    if front:
+        b = best(rs, mode, min_accuracy)
+        print("\nPareto front (accuracy up, modeled latency down):")
+        print(table(["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"],
+                    [[("*" if b and r.number == b.number else " ") + str(r.number), f"{r.accuracy:.6f}",
+                      f"{r.latency_ms:.3f}", str(r.counts.subgraphs), str(r.counts.cpu_nodes),
+                      str(r.counts.int16_nodes), r.calibration, r.plan or ""] for r in front]))
+    elif rs:
+        print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
+    if paths.best.exists():
+        print(f"\nbest: {paths.best}   Pareto configs: {paths.pareto}/   trials: {paths.trials_csv}")
+    if paths.report.exists():
+        print(f"report: {paths.report}")
+
+
+def report(args: argparse.Namespace) -> int:
+    from tuner.study.runner import (
+        FINGERPRINTS,
+        Search,
+        node_sensitivity,
+        open_existing,
+        redact,
+        study_info,
+        study_report,
+    )
+
+    study, paths = open_existing(args.study, args.storage, args.results_dir)
+    info = study_info(study)
+    notes: list[str] = []
+    search: Search | None
+    out: Path | None
+    try:
+        search = Search.open(info["space_path"], study.study_name, args.storage, paths.root.parent, args.threads)
+        changed = [k for k in FINGERPRINTS if search.fingerprints()[k] != info["fingerprints"].get(k)]
+        if changed:
+            raise TunerError(f"the {', '.join(changed)} file(s) changed since the study ran")
+    except TunerError as exc:
+        # The trials are in the storage; only the simulated views need the model and data.
+        notes.append(f"per-node views left out: {exc}")
+        print(f"warning: {notes[-1]}", file=sys.stderr)
+        search = None
+    if search is None:
+        out = study_report(study, paths, redact(args.storage) if args.storage else str(paths.journal), notes=notes)
+    else:
+        if not search.sensitivity:
+            search.sensitivity = node_sensitivity(search.space, search.ws, paths, quiet=False)
+        out = search.write_report(study, force=True)
+        if out is None:
+            raise TunerError(f"{paths.report} could not be written (see the warning above)")
+    print(f"wrote {out}")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    from tuner.study.runner import open_existing, study_info
+    from tuner.toolchain.verify import real_summary
+
+    study, paths = open_existing(args.study, args.storage, args.results_dir)
+    info = study_info(study)
+    print(f"study {study.study_name}: mode {info['mode']}, march {info['march']}, base {info['base_path']}")
+    print_summary(study, paths, info["mode"], info["objectives"].get("min_accuracy"))
+    real = real_summary(study)
+    if real:
+        print(f"\n{real}")
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    from tuner.study.results import best, rows
+    from tuner.study.runner import export_trial, open_existing, study_info
+    from tuner.toolchain.verify import best_real
+
+    study, paths = open_existing(args.study, args.storage, args.results_dir)
+    info = study_info(study)
+    rs = rows(study)
+    if args.trial is not None:
+        match = [r for r in rs if r.number == args.trial]
+        if not match:
+            raise TunerError(f"trial {args.trial} of study {study.study_name!r} is not a completed trial; "
+                             f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
+        row = match[0]
+    elif args.by == "real":
+        found = best_real(study, info["mode"], info["objectives"].get("min_accuracy"))
+        if found is None:
+            raise TunerError(f"study {study.study_name!r} has no trial with a real accuracy that meets the constraints; "
+                             "run 'tuner verify' first, or export by the simulated figure")
+        row = found[0]
+        print(f"trial {row.number}: real accuracy {found[1]['accuracy']:.6f} ({found[1]['accuracy_source']})")
+    else:
+        picked = best(rs, info["mode"], info["objectives"].get("min_accuracy"))
+        if picked is None:
+            raise TunerError(f"study {study.study_name!r} has no feasible completed trial to export yet")
+        row = picked
+    out = Path(args.out) if args.out else paths.root / f"trial_{row.number:05d}.yaml"
+    notes = export_trial(row, out, Path(info["base_path"]), info.get("node_info_supported", True), None,
+                         {"study": study.study_name, **info["fingerprints"]})
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    print(f"wrote {out} (trial {row.number}: accuracy {row.accuracy:.6f}, modeled latency {row.latency_ms:.3f} ms)")
+    return 0
