@@ -15,10 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 from tuner.errors import TunerError
+from tuner.inputs.check_preprocess import check_preprocess, format_preprocess_report
 from tuner.inputs.config import load_config
 from tuner.inputs.data import dataset_from_config
 from tuner.inputs.model import load_model
-from tuner.inputs.preprocess import check_preprocess, format_preprocess_report, load_preprocess, make_cal_data
+from tuner.inputs.preprocess import load_preprocess, make_cal_data
 
 H = W = 16
 PREP = f"""\

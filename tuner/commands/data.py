@@ -72,7 +72,7 @@ def make_cal_data(args: argparse.Namespace) -> int:
 
 
 def check_preprocess(args: argparse.Namespace) -> int:
-    from tuner.inputs.preprocess import check_preprocess, format_preprocess_report
+    from tuner.inputs.check_preprocess import check_preprocess, format_preprocess_report
 
     report = check_preprocess(args.config, Path(args.images), args.preprocess, limit=args.limit)
     if args.json:
