@@ -213,6 +213,8 @@ class StudyContext:
         constraints = obj.constraints(accuracy, lat)
         summary = {k: record.get(k) for k in ("status", "accuracy", "accuracy_source", "latency_ms", "output_cosine",
                                                "sim_accuracy", "when")}
+        if row.trial is None:
+            raise ValueError(f"trial {row.number}: a row made by hand has no parameters to feed back")
         trial = optuna.trial.create_trial(
             params=dict(row.trial.params), distributions=dict(row.trial.distributions), values=values,
             constraints=constraints or None,
