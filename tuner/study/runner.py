@@ -26,8 +26,10 @@ from tuner.study.loop import (
     surplus,
     work,
 )
-from tuner.study.outputs import ReportSnapshot, Trace, default_renderer, export_trial, snapshot, trials_csv
+from tuner.study.outputs import default_renderer, export_trial, snapshot, trials_csv
+from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.session import StudySession, join_study
+from tuner.study.space import SearchSpace
 from tuner.study.storage import (
     FINGERPRINTS,
     GRACE_FACTOR,
@@ -43,12 +45,13 @@ from tuner.study.storage import (
 )
 from tuner.study.warmstart import node_sensitivity as _node_sensitivity
 from tuner.study.warmstart import reference_calibration, warm_start_plans
+from tuner.workspace import Workspace
 
 Search = StudySession                      # the old name
 _reference_calibration = reference_calibration
 
 
-def node_sensitivity(space, ws, paths: StudyPaths, quiet: bool = True) -> dict[str, float]:
+def node_sensitivity(space: SearchSpace, ws: Workspace, paths: StudyPaths, quiet: bool = True) -> dict[str, float]:
     """The old signature of :func:`tuner.study.warmstart.node_sensitivity` (cached in ``paths.sensitivity``)."""
     return _node_sensitivity(space, ws, paths.sensitivity, None if quiet else progress_printer("node sensitivity"))
 
