@@ -4,7 +4,8 @@ Handed to the loop as callbacks (:class:`ResultFiles`, :class:`ReportFile`): aft
 completed trial that may change the result they rewrite their files atomically, so a run
 stopped at 3 a.m. still leaves the best configuration found so far. The report itself is
 rendered elsewhere (:func:`tuner.report.html.render`, a pure function of a
-:class:`ReportSnapshot`); this module only gathers the snapshot.
+:class:`ReportSnapshot`); this module only gathers the snapshot, and writes the report of a
+study without a session (:func:`study_report`: ``tuner report`` when the model is gone).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def default_renderer() -> Callable[[ReportSnapshot], str]:
     from tuner.report.html import render
 
     return render
+
+
+def study_report(study: optuna.Study, paths: StudyPaths, storage: str, notes: list[str] | tuple[str, ...] = ()) -> Path:
+    """Write ``paths.report`` from the study alone, without a session (``tuner report`` when the
+    model or data is gone): the simulated views (node sensitivity, per-node traces) are left
+    out. With a session, :meth:`tuner.study.session.StudySession.write_report` draws them."""
+    write_atomic(paths.report, default_renderer()(snapshot(study, paths, storage, notes=notes)))
+    return paths.report
 
 
 class ResultFiles:
