@@ -52,7 +52,7 @@ WARM = 11  # the example's warm-start trials
 
 
 def journal_trials(results: Path, study: str):
-    from tuner.study.runner import open_existing
+    from tuner.study.storage import open_existing
 
     return open_existing(study, None, results)[0].get_trials(deepcopy=False)
 
@@ -140,13 +140,14 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
     import optuna
     from optuna.trial import TrialState
 
-    from tuner.study.runner import Search, optimize_until
+    from tuner.study.loop import optimize_until
+    from tuner.study.session import StudySession
 
     name = f"store_{kind}_{os.getpid()}"
     storage = {"journal": str(tmp / kind / "study.journal"), "sqlite": f"sqlite:///{tmp / kind / 'study.db'}",
                "postgresql": url}[kind]
     (tmp / kind).mkdir(parents=True, exist_ok=True)
-    search = Search.open(SPACE, name, storage, tmp / "results", quiet=True)
+    search = StudySession.open(SPACE, name, storage, tmp / "results", quiet=True)
     study = search.study(seed=0)
     # n_fill completed trials, as the search would have written them
     src = search.resolved

@@ -16,7 +16,7 @@ when missing), with fresh temporary results folders and a fresh temporary ``TUNE
    trials each study ends with. Ratio jobs 2 / jobs 1 [goal of issue 6: >= 1.8 on 2 cores].
 
 2. **Search quality against random search** at equal budget and seed, with the library API
-   (``Search.open`` + ``run(jobs=1)``), one study per method:
+   (``StudySession.open`` + ``run(jobs=1)``), one study per method:
 
    * ``tpe``: the space as shipped (multivariate TPE, warm start on);
    * ``random``: the same space with ``study.sampler: random`` and nothing enqueued (plain random
@@ -188,11 +188,12 @@ def hypervolume(pts: list[Point], floor: float, ref_ms: float) -> float:
 
 def run_method(tmp: Path, method: Method, budgets: list[int], seed: int, incremental: bool):
     """The method's completed trials at each budget, its free decisions, and the set-up time."""
-    from tuner.study.runner import Search, run
+    from tuner.study.loop import run
+    from tuner.study.session import StudySession
 
     space = copy_space(SPACE, tmp / "spaces" / f"search_{method.sampler}.yaml", study={"sampler": method.sampler})
     t0 = time.perf_counter()
-    search = Search.open(space, name=method.label, results_dir=tmp / "quality", quiet=True)
+    search = StudySession.open(space, name=method.label, results_dir=tmp / "quality", quiet=True)
     open_s = time.perf_counter() - t0
     if not method.warm_start:
         search.enqueue_warm_start = lambda study: 0  # plain random search: nothing enqueued
@@ -224,7 +225,7 @@ def bench_quality(tmp: Path, budgets: list[int], seed: int, incremental: bool) -
     runs, spaces = {}, {}
     for m in METHODS:
         runs[m.label], spaces[m.label], open_s, run_s = run_method(tmp, m, budgets, seed, incremental)
-        print(f"{m.label}: Search.open {open_s:.1f} s (node sensitivity included), trials {run_s:.1f} s", flush=True)
+        print(f"{m.label}: StudySession.open {open_s:.1f} s (node sensitivity included), trials {run_s:.1f} s", flush=True)
     first = spaces[METHODS[0].label]
     if any(s != first for s in spaces.values()):
         raise SystemExit("the methods' spaces differ (free nodes or choices): the comparison would not be fair")

@@ -108,9 +108,9 @@ def float_candidate(graph):
 
 # --------------------------------------------------------------------------- studies
 def open_search(space: Path, name: str, results: Path, sampler: str | None = None, share_from: str | None = None):
-    """A Search over ``space`` (optionally with another sampler); ``share_from`` copies that study's
+    """A StudySession over ``space`` (optionally with another sampler); ``share_from`` copies that study's
     node-sensitivity cache, so a second method does not pay for the same pass again."""
-    from tuner.study.runner import Search
+    from tuner.study.session import StudySession
 
     if sampler is not None:
         space = copy_space(space, space.with_name(f"search_{name}.yaml"), study={"sampler": sampler})
@@ -118,13 +118,13 @@ def open_search(space: Path, name: str, results: Path, sampler: str | None = Non
         (results / name).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(results / share_from / "sensitivity.json", results / name / "sensitivity.json")
     t0 = time.perf_counter()
-    search = Search.open(space, name=name, results_dir=results, quiet=True)
+    search = StudySession.open(space, name=name, results_dir=results, quiet=True)
     return search, time.perf_counter() - t0
 
 
 def run_study(search, budget: int, seed: int, warm: bool = True):
+    from tuner.study.loop import run
     from tuner.study.results import rows
-    from tuner.study.runner import run
 
     if not warm:
         search.enqueue_warm_start = lambda study: 0  # plain random search: nothing enqueued

@@ -6,7 +6,7 @@ import sys
 
 from helpers import write_tiny_space
 
-from tuner.study.runner import Search
+from tuner.study.session import StudySession
 
 
 def run(*args, cwd=None):
@@ -42,5 +42,5 @@ def test_sensitivity_of_a_space_is_the_studys_cache(tmp_path):
     node = next(iter(stored["sensitivity"]))
     stored["sensitivity"][node] = 123.0
     cache.write_text(json.dumps(stored))
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     assert search.sensitivity[node] == 123.0

@@ -15,8 +15,9 @@ from typing import Any
 from tuner.candidate import Calibration, Candidate
 from tuner.inputs.config import read_yaml
 from tuner.sensitivity import Ranking, Sensitivity, sensitivity_table
-from tuner.study.runner import StudyPaths, _reference_calibration, node_sensitivity
 from tuner.study.space import free_nodes, load_space
+from tuner.study.storage import StudyPaths
+from tuner.study.warmstart import node_sensitivity, reference_calibration
 from tuner.workspace import Workspace
 
 Progress = Callable[[int, int], None]
@@ -45,12 +46,12 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
         ws = Workspace.for_space(space, data=data, limit=limit, march=march, threads=threads,
                                  progress=progress("calibration statistics"))
         b = ws.base_candidate()
-        base = Candidate.make(_reference_calibration(space, b), dict(b.nodes), b.optimization)
+        base = Candidate.make(reference_calibration(space, b), dict(b.nodes), b.optimization)
         metric = metric or space.objective.accuracy
         nodes = free_nodes(space, ws.graph, ws.target)
         if metric == space.objective.accuracy:
             paths = StudyPaths(Path(results_dir) / (study or space.name))
-            gains = node_sensitivity(space, ws, paths, quiet=False)
+            gains = node_sensitivity(space, ws, paths.sensitivity, progress("node sensitivity"))
             shared = paths.sensitivity
             say(f"leave-one-float gains: {paths.sensitivity} (shared with the search)")
     else:

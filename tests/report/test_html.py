@@ -11,8 +11,9 @@ import sys
 import pytest
 from helpers import write_tiny_space
 
+from tuner.study.loop import run
 from tuner.study.results import best, rows
-from tuner.study.runner import Search, run
+from tuner.study.session import StudySession
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -21,7 +22,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def finished(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     space = write_tiny_space(root)
-    search = Search.open(space, results_dir=root / "results", quiet=True)
+    search = StudySession.open(space, results_dir=root / "results", quiet=True)
     study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
     return root, search, study
 
@@ -168,7 +169,7 @@ def test_optuna_dashboard_reads_the_study_as_it_is(finished):
 def test_single_objective_studies_draw_every_plot(tmp_path, mode, extra):
     space = write_tiny_space(tmp_path)
     space.write_text(space.read_text().replace("  mode: pareto\n", f"  mode: {mode}\n{extra}"))
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
     assert len(study.directions) == 1
     page = search.paths.report.read_text(encoding="utf-8")

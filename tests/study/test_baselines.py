@@ -5,7 +5,7 @@ from helpers import write_tiny_space
 
 from tuner.candidate import Calibration
 from tuner.study.baselines import Goal, Scorer, all_int8, alone_int8, greedy_revert, staged_escalation
-from tuner.study.runner import Search
+from tuner.study.session import StudySession
 
 MAX = Calibration("max")
 NEVER = Goal(min_accuracy=1.5)
@@ -14,7 +14,7 @@ NEVER = Goal(min_accuracy=1.5)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("baselines")
-    search = Search.open(write_tiny_space(tmp), results_dir=tmp / "results", quiet=True)
+    search = StudySession.open(write_tiny_space(tmp), results_dir=tmp / "results", quiet=True)
     nodes = [n for d in search.resolved.decisions if d.default_choice != "CPU" for n in d.nodes]
     alone = alone_int8(search.ws.simulator, "mean_cosine", MAX, nodes)
     return search, alone

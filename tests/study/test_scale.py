@@ -19,7 +19,9 @@ import pytest
 from helpers import build_tiny_model, write_tiny_space
 from optuna.trial import TrialState
 
-from tuner.study.runner import Search, StudyPaths, make_storage, optimize_until, run
+from tuner.study.loop import optimize_until, run
+from tuner.study.session import StudySession
+from tuner.study.storage import StudyPaths, make_storage
 
 PG_URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
 needs_pg = pytest.mark.skipif(not PG_URL, reason="TUNER_TEST_POSTGRES_URL is not set (.ci/run sets it)")
@@ -226,10 +228,10 @@ def test_a_worker_with_another_model_file_refuses_to_join(tmp_path):
 def test_a_candidate_another_worker_evaluated_is_answered_from_storage(tmp_path):
     space = write_tiny_space(tmp_path, extra="  warm_start: false\n")
     results_dir = tmp_path / "results"
-    first = Search.open(space, results_dir=results_dir, quiet=True)
+    first = StudySession.open(space, results_dir=results_dir, quiet=True)
     study_a, _ = run(first, n_trials=3, timeout=None, jobs=1, seed=0, progress=False)
     # a second worker, started before the first one's last trials exist
-    second = Search.open(space, results_dir=results_dir, quiet=True)
+    second = StudySession.open(space, results_dir=results_dir, quiet=True)
     study_b = second.study(seed=1, create=False)
     second.load_done(study_b)
     run(first, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)

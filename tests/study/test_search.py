@@ -14,8 +14,10 @@ from helpers import write_example_project, write_reciprocal_project, write_tiny_
 from optuna.trial import TrialState
 
 from tuner.inputs.config import load_config
+from tuner.study.loop import run
 from tuner.study.results import best, rows
-from tuner.study.runner import Search, make_storage, run
+from tuner.study.session import StudySession
+from tuner.study.storage import make_storage
 
 
 def cli(*args, cwd, timeout=600):
@@ -24,7 +26,7 @@ def cli(*args, cwd, timeout=600):
 
 
 def load(results_dir, name):
-    from tuner.study.runner import StudyPaths
+    from tuner.study.storage import StudyPaths
 
     return optuna.load_study(study_name=name, storage=make_storage(None, StudyPaths(results_dir / name)))
 
@@ -39,7 +41,7 @@ def poll_trials(results_dir, name):
 
 def test_search_beats_the_all_int8_baseline_and_writes_results(tmp_path):
     space = write_tiny_space(tmp_path)
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, info = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
     assert len(rs) == 12 and info["enqueued"] >= 4
@@ -58,7 +60,7 @@ def test_manual_warm_start_plans_use_the_most_accurate_baseline_calibration(tmp_
     """The base YAML says max per-tensor (all int8: cosine ~0.998 on the tiny model), per-channel
     gives ~0.9995: int16 on a few nodes under the base's calibration cannot catch up, so the
     manual plans take the best baseline's calibration, as a user (and Horizon's recipe) would."""
-    search = Search.open(write_tiny_space(tmp_path), results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(write_tiny_space(tmp_path), results_dir=tmp_path / "results", quiet=True)
     n_plans = len(search.warm_start_plans())
     study, info = run(search, n_trials=n_plans, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
@@ -74,7 +76,7 @@ def test_manual_warm_start_plans_use_the_most_accurate_baseline_calibration(tmp_
 
 def test_same_seed_same_trial_sequence(tmp_path):
     def sequence(folder):
-        search = Search.open(write_tiny_space(folder), results_dir=folder / "results", quiet=True)
+        search = StudySession.open(write_tiny_space(folder), results_dir=folder / "results", quiet=True)
         study, _ = run(search, n_trials=14, timeout=None, jobs=1, seed=11, progress=False)
         return [t.params for t in study.trials]
 
@@ -94,7 +96,7 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
                      "calibration:\n  calibration_type: [max]\n  max_percentile: [1.0]\n"
                      "  per_channel: [false]\nstudy:\n  name: recip\n  n_trials: 3\n  warm_start: false\n")
     assert load_config(cfg)
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=3, timeout=None, jobs=1, seed=0, progress=False)
     failed = [t for t in study.trials if t.state == TrialState.FAIL]
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
@@ -256,9 +258,9 @@ def test_sqlite_storage_url_and_a_measured_profile(tmp_path):
 def test_resuming_with_the_same_seed_does_not_replay_earlier_proposals(tmp_path):
     space = write_tiny_space(tmp_path)
     space.write_text(space.read_text().replace("  seed: 3\n", "  seed: 3\n  sampler: random\n  warm_start: false\n"))
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     run(search, n_trials=8, timeout=None, jobs=1, seed=3, progress=False)
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=16, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
     assert len(rs) == 16
@@ -278,7 +280,7 @@ def test_task_metric_objective_with_labels(tmp_path):
                                      "labels:\n  seg: tiny/labels/seg_*.npy\nobjectives:\n  mode: pareto\n"
                                      "  accuracy: miou:seg\n  report: [absrel:depth, seg_agreement:seg]\n")
     space.write_text(text)
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)
     rs = rows(study)
     assert len(rs) == 6
@@ -294,14 +296,14 @@ def test_task_metric_objective_with_labels(tmp_path):
     from tuner.errors import TunerError
 
     with pytest.raises(TunerError, match="4 files match"):
-        Search.open(space, results_dir=tmp_path / "results2", quiet=True)
+        StudySession.open(space, results_dir=tmp_path / "results2", quiet=True)
 
 
 def test_each_trial_records_its_worker_once_when_it_is_created(tmp_path):
     """The sampler writes the worker (host, pid) as Optuna creates the trial; the objective
     does not write it a second time (one storage write per trial, an fsync on a journal)."""
     space = write_tiny_space(tmp_path)
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     assert len(trials) == 6 and all(t.user_attrs["worker"]["pid"] == os.getpid() for t in trials)
@@ -317,7 +319,7 @@ def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_pat
 
     space = write_tiny_space(tmp_path)
     space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  min_accuracy: 2.0\n"))
-    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=4, timeout=None, jobs=1, seed=0, progress=False)
     reads = []
     monkeypatch.setattr(results, "rows", lambda st, real=results.rows: reads.append(st) or real(st))

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from helpers import write_tiny_space
 
+from tuner.study.loop import run
 from tuner.study.results import rows
-from tuner.study.runner import Search, open_existing, run
+from tuner.study.session import StudySession
+from tuner.study.storage import open_existing
 from tuner.toolchain.compare import Comparison, comparison_for_trial
 from tuner.toolchain.logterms import TERMS
 from tuner.toolchain.records import real_record, real_records
@@ -27,7 +29,7 @@ def cli(*args, cwd):
 def study_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("verify")
     space = write_tiny_space(root)
-    search = Search.open(space, results_dir=root / "results", quiet=True)
+    search = StudySession.open(space, results_dir=root / "results", quiet=True)
     run(search, n_trials=8, timeout=None, jobs=1, seed=3, progress=False)
     return root, space
 
@@ -105,7 +107,7 @@ def test_failures_are_recorded_per_trial_and_never_stop_the_others(study_dir):
     assert fed.values == [0.5, 9.5] and fed.user_attrs["verified_from"] == d
     # the study goes on with the fed-back trials in it (TPE reads them; they are not simulated rows)
     n = len(study.trials)
-    search = Search.open(space, results_dir=root / "results", quiet=True)
+    search = StudySession.open(space, results_dir=root / "results", quiet=True)
     study2, _ = run(search, n_trials=n + 2, timeout=None, jobs=1, seed=3, progress=False)
     assert len([t for t in study2.trials if t.state.name == "COMPLETE"]) == n + 2
     assert all("verified_from" not in r.trial.user_attrs for r in rows(study2))

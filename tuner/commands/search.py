@@ -74,14 +74,16 @@ def _stop_message(text: str) -> None:
 
 
 def search(args: argparse.Namespace) -> int:
-    from tuner.study.runner import Search, duration, install_stop_handlers, redact, run
+    from tuner.study.loop import duration, install_stop_handlers, run
+    from tuner.study.session import StudySession
+    from tuner.study.storage import redact
 
     # During set-up Ctrl-C interrupts at once (a process started in the background inherits
     # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if not _data_ok(args.space):
         return 2
-    search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
+    search = StudySession.open(args.space, args.study, args.storage, args.results_dir, args.threads)
     search.heartbeat, search.max_retry = args.heartbeat, args.max_retry
     st = search.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
@@ -113,7 +115,9 @@ def search(args: argparse.Namespace) -> int:
 def worker(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
-    from tuner.study.runner import STOP, duration, install_stop_handlers, join_study, redact, work
+    from tuner.study.loop import STOP, duration, install_stop_handlers, work
+    from tuner.study.session import join_study
+    from tuner.study.storage import redact
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     search = join_study(args.study, args.storage, args.space, args.results_dir, args.threads, args.heartbeat,
@@ -181,23 +185,19 @@ def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None)
 
 
 def report(args: argparse.Namespace) -> int:
-    from tuner.study.runner import (
-        FINGERPRINTS,
-        Search,
-        node_sensitivity,
-        open_existing,
-        redact,
-        study_info,
-        study_report,
-    )
+    from tuner.console import progress_printer
+    from tuner.study.outputs import study_report
+    from tuner.study.session import StudySession
+    from tuner.study.storage import FINGERPRINTS, open_existing, redact, study_info
+    from tuner.study.warmstart import node_sensitivity
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     info = study_info(study)
     notes: list[str] = []
-    search: Search | None
+    search: StudySession | None
     out: Path | None
     try:
-        search = Search.open(info["space_path"], study.study_name, args.storage, paths.root.parent, args.threads)
+        search = StudySession.open(info["space_path"], study.study_name, args.storage, paths.root.parent, args.threads)
         changed = [k for k in FINGERPRINTS if search.fingerprints()[k] != info["fingerprints"].get(k)]
         if changed:
             raise TunerError(f"the {', '.join(changed)} file(s) changed since the study ran")
@@ -210,7 +210,8 @@ def report(args: argparse.Namespace) -> int:
         out = study_report(study, paths, redact(args.storage) if args.storage else str(paths.journal), notes=notes)
     else:
         if not search.sensitivity:
-            search.sensitivity = node_sensitivity(search.space, search.ws, paths, quiet=False)
+            search.sensitivity = node_sensitivity(search.space, search.ws, paths.sensitivity,
+                                                  progress_printer("node sensitivity"))
         out = search.write_report(study, force=True)
         if out is None:
             raise TunerError(f"{paths.report} could not be written (see the warning above)")
@@ -219,7 +220,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from tuner.study.runner import open_existing, study_info
+    from tuner.study.storage import open_existing, study_info
     from tuner.toolchain.verify import real_summary
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
@@ -233,8 +234,9 @@ def status(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
+    from tuner.study.outputs import export_trial
     from tuner.study.results import best, rows
-    from tuner.study.runner import export_trial, open_existing, study_info
+    from tuner.study.storage import open_existing, study_info
     from tuner.toolchain.verify import best_real
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)

@@ -46,7 +46,7 @@ def import_log(args: argparse.Namespace) -> int:
     record = None
     target = None
     if args.study:
-        from tuner.study.runner import open_existing
+        from tuner.study.storage import open_existing
         from tuner.toolchain.verify import StudyContext, attach_log
 
         if args.trial is None:
@@ -104,7 +104,8 @@ def import_log(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    from tuner.study.runner import duration, open_existing
+    from tuner.study.loop import duration
+    from tuner.study.storage import open_existing
     from tuner.toolchain.verify import StudyContext, results_table, verify_study
 
     numbers = None

@@ -17,7 +17,7 @@ import numpy as np
 
 from tuner.errors import TunerError
 from tuner.inputs.config import InputSpec
-from tuner.inputs.images import yaml_preprocess
+from tuner.inputs.images import PreprocessFn, yaml_preprocess
 
 IMAGE_MAGIC = {b"\xff\xd8\xff": "a JPEG image", b"\x89PNG": "a PNG image", b"BM": "a BMP image",
                b"GIF8": "a GIF image", b"II*\x00": "a TIFF image", b"MM\x00*": "a TIFF image"}
@@ -66,7 +66,7 @@ def _image_kind(head: bytes) -> str | None:
 PREPROCESS_ON_IMAGES = ("a JPEG image", "a PNG image", "a BMP image")
 
 
-def image_reader(spec: InputData):
+def image_reader(spec: InputData) -> PreprocessFn:
     """``path -> tensor`` for an input whose folder holds images (``preprocess_on: True``): decoded,
     resized (bilinear) to ``input_shape``, ``input_type_train`` channel order and layout, 0..255,
     as hb_mapper's own reading and ``tuner make-cal-data`` do. Needs Pillow."""
@@ -76,6 +76,8 @@ def image_reader(spec: InputData):
         raise TunerError(f"calibration_parameters.preprocess_on is True: reading the images in {spec.folder} needs "
                          "Pillow: pip install 'tuner[images]'") from None
 
+    if spec.images is None:
+        raise ValueError(f"input {spec.name}: not an image input (preprocess_on is off)")
     return yaml_preprocess(spec.images, spec.shape)
 
 

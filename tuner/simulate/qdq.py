@@ -112,7 +112,7 @@ class WeightCache:
     calibration)."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, int], tuple[onnx.TensorProto, np.ndarray]] = {}
+        self._cache: dict[tuple[str, int, int], tuple[onnx.TensorProto, np.ndarray]] = {}  # (name, axis, deconv group)
 
     def get(self, init: onnx.TensorProto, axis: int, deconv_group: int = 1) -> onnx.TensorProto:
         return self._entry(init, axis, deconv_group)[0]

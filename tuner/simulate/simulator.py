@@ -23,7 +23,7 @@ from tuner.calib.stats import TensorStats
 from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
-from tuner.graph import Graph, Target
+from tuner.graph import Graph, Node, Target
 from tuner.graph.softmax import SOFTMAX_PARTS, expand_softmax, softmax_part, softmax_tensors
 from tuner.inputs.calibrated import MappedThresholds
 from tuner.inputs.data import DataSet
@@ -345,7 +345,7 @@ class Simulator:
             return {k: v.copy() for k, v in self._labels[i].items()}
         return self.labels.sample(i) if self.labels is not None else None
 
-    def _softmax_rows(self, node, plan: Plan, scales, sims: dict[str, Similarity], x_threshold: float | None
+    def _softmax_rows(self, node: Node, plan: Plan, scales: Scales, sims: dict[str, Similarity], x_threshold: float | None
                       ) -> list[NodeRow]:
         """A BPU Softmax's six rows, under the names and op types of hb_mapper's table."""
         dtype = plan.softmax[node.name]

@@ -5,7 +5,8 @@ progress, outputs, Ctrl-C), :func:`_run_workers` (``--jobs N`` worker processes)
 :func:`work` (one worker on a shared study), :func:`optimize_until` (a session's objective
 under the budget) and :func:`budgeted_optimize`, the core: the budget gate
 (:func:`may_start`) before each trial and :func:`surplus` inside it, over any objective
-and any Optuna storage. Outputs are callbacks with the :class:`Output` protocol.
+and any Optuna storage. Outputs are callbacks with the :class:`tuner.study.outputs.Output`
+protocol.
 """
 
 from __future__ import annotations
@@ -17,24 +18,45 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import optuna
 from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study.orphans import reap, stale_enabled, unverifiable
+from tuner.study.outputs import Output
 from tuner.study.sections import parse_duration
 from tuner.study.session import StudySession
 
+#: An Optuna ``study.optimize`` callback.
+Callback = Callable[[optuna.Study, FrozenTrial], None]
+#: What an objective returns: one value, or one per objective.
+Values = float | Sequence[float]
 
-class Output(Protocol):
-    """A callback of the loop (:class:`tuner.study.outputs.ResultFiles`, ``ReportFile``)."""
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> Any: ...
-    def on_progress(self, study: optuna.Study) -> None: ...
-    def finish(self, study: optuna.Study) -> None: ...
+class ProgressBar(Protocol):
+    """The part of a tqdm bar the loop uses."""
+
+    disable: bool
+
+    def update(self, n: float | None = 1) -> bool | None: ...
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+    def write(self, s: str, file: Any = None) -> None: ...
+    def close(self) -> None: ...
+
+
+class RunInfo(TypedDict):
+    """What :func:`run` reports besides the study."""
+
+    zombies: list[int]          # trials of dead processes failed (and re-queued)
+    enqueued: int               # warm-start trials enqueued
+    completed_before: int       # completed trials when the run started
+    interrupted: bool           # Ctrl-C / SIGTERM
+    failed: NotRequired[int]    # trials that failed in this run
+    stopped: NotRequired[str]   # why the run stopped early (failed trials in a row)
 
 
 def duration(text: Any) -> float | None:
@@ -42,7 +64,7 @@ def duration(text: Any) -> float | None:
 
 
 def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, seed: int | None,
-        progress: bool = True, outputs: list[Output] | None = None) -> tuple[optuna.Study, dict[str, Any]]:
+        progress: bool = True, outputs: Sequence[Output] | None = None) -> tuple[optuna.Study, RunInfo]:
     """Create or resume the study and optimise until it holds ``n_trials`` completed trials.
 
     ``outputs`` (default: the session's result files and report) are called after each trial
@@ -54,7 +76,7 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
     enqueued = search.enqueue_warm_start(study)
     search.load_done(study)
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    info = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
+    info: RunInfo = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
     bar = _progress(n_trials, done, timeout) if progress else None
 
     def on_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -108,13 +130,13 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
 STOP = threading.Event()
 
 
-def install_stop_handlers(say=None) -> None:
+def install_stop_handlers(say: Callable[[str], None] | None = None) -> None:
     """First Ctrl-C or SIGTERM: finish the running trial, then stop. Second: abort it now.
 
     A KeyboardInterrupt raised at an arbitrary point can land inside Optuna's bookkeeping; a
     flag checked between trials cannot, so the common case leaves nothing half-written.
     """
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         if STOP.is_set():
             raise KeyboardInterrupt
         STOP.set()
@@ -125,18 +147,19 @@ def install_stop_handlers(say=None) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _say(text: str, bar) -> None:
+def _say(text: str, bar: ProgressBar | None) -> None:
     if bar is not None and not bar.disable:
         bar.write(text, file=sys.stderr)
     else:
         print(text, file=sys.stderr)
 
 
-def _progress(total: int, done: int, timeout: float | None):
+def _progress(total: int, done: int, timeout: float | None) -> ProgressBar:
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=min(done, total), unit="trial", file=sys.stderr, dynamic_ncols=True,
+    bar: ProgressBar = tqdm(total=total, initial=min(done, total), unit="trial", file=sys.stderr, dynamic_ncols=True,
                 disable=not sys.stderr.isatty(), desc="trials")
+    return bar
 
 
 def surplus(trial: optuna.Trial, budget: int) -> bool:
@@ -189,15 +212,16 @@ def may_start(study: optuna.Study, n_trials: int, deadline: float | None = None,
     return False
 
 
-def budgeted_optimize(objective: Callable[[optuna.Trial], Any], study: optuna.Study, n_trials: int,
-                      timeout: float | None, callbacks: list, should_stop: Callable[[], bool] = lambda: False,
+def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna.Study, n_trials: int,
+                      timeout: float | None, callbacks: Sequence[Callback],
+                      should_stop: Callable[[], bool] = lambda: False,
                       max_retry: int = 1) -> None:
     """Run ``objective`` until the study holds exactly ``n_trials`` completed trials, with any
     number of workers (processes, machines) doing the same: each trial starts only when the
     budget has room (:func:`may_start`), and a trial started in a race for the last slot gives
     way (:func:`surplus`). Optuna's MaxTrialsCallback alone lets every worker finish one more.
     After each trial the trials of dead workers on this host are failed (and re-queued)."""
-    def gated(trial: optuna.Trial):
+    def gated(trial: optuna.Trial) -> Values:
         if surplus(trial, n_trials):
             raise optuna.TrialPruned("the budget was reached by other workers' trials")
         return objective(trial)
@@ -206,15 +230,15 @@ def budgeted_optimize(objective: Callable[[optuna.Trial], Any], study: optuna.St
         reap_dead(st, max_retry)
 
     deadline = None if timeout is None else time.monotonic() + timeout
-    callbacks = [*callbacks, reaper]
+    every: list[Callback] = [*callbacks, reaper]
     while not should_stop() and (deadline is None or time.monotonic() < deadline):
         if not may_start(study, n_trials, deadline, max_retry=max_retry):
             break
-        study.optimize(gated, n_trials=1, catch=(Exception,), callbacks=callbacks, gc_after_trial=False)
+        study.optimize(gated, n_trials=1, catch=(Exception,), callbacks=every, gc_after_trial=False)
 
 
 def optimize_until(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None,
-                   callbacks: list, should_stop=lambda: False) -> None:
+                   callbacks: Sequence[Callback], should_stop: Callable[[], bool] = lambda: False) -> None:
     """:func:`budgeted_optimize` with the session's objective."""
     budgeted_optimize(search.objective, study, n_trials, timeout, callbacks, should_stop, search.max_retry)
 
@@ -225,8 +249,11 @@ def work(search: StudySession, study: optuna.Study, n_trials: int, timeout: floa
     reap_dead(study, search.max_retry)
     files = search.result_files       # the parent process draws the report
 
+    def write_files(st: optuna.Study, trial: FrozenTrial) -> None:
+        files.after_trial(st, trial)
+
     try:
-        optimize_until(search, study, n_trials, timeout, [files.after_trial])
+        optimize_until(search, study, n_trials, timeout, [write_files])
     except KeyboardInterrupt:
         pass
     except Exception:
@@ -250,7 +277,7 @@ def _worker(spec: dict[str, Any]) -> None:
 
 
 def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None, jobs: int,
-                 seed: int | None, bar, outputs: list[Output] = ()) -> list[int]:
+                 seed: int | None, bar: ProgressBar | None, outputs: Sequence[Output] = ()) -> list[int]:
     """``jobs`` worker processes on one study (processes, not threads: the simulator is CPU-bound).
 
     Each worker gets cores // jobs onnxruntime threads, so the workers together do not
@@ -272,7 +299,7 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
     reaped: set[int] = set()
 
     def reap_children() -> None:
-        dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid not in reaped]
+        dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid is not None and p.pid not in reaped]
         if dead:
             reaped.update(dead)
             search.clean_zombies(study, pids=dead)

@@ -4,7 +4,8 @@ Handed to the loop as callbacks (:class:`ResultFiles`, :class:`ReportFile`): aft
 completed trial that may change the result they rewrite their files atomically, so a run
 stopped at 3 a.m. still leaves the best configuration found so far. The report itself is
 rendered elsewhere (:func:`tuner.report.html.render`, a pure function of a
-:class:`ReportSnapshot`); this module only gathers the snapshot.
+:class:`ReportSnapshot`); this module only gathers the snapshot, and writes the report of a
+study without a session (:func:`study_report`: ``tuner report`` when the model is gone).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import io
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 import yaml
@@ -24,10 +25,19 @@ from tuner import __version__
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.study import results
-from tuner.study.record import TrialRecord
+from tuner.study.record import TrialRecord, direction_name
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
 from tuner.toolchain.records import real_records
+
+
+class Output(Protocol):
+    """A callback of the loop (:class:`ResultFiles`, :class:`ReportFile`): ``after_trial`` may
+    return the best row so far (for the progress bar)."""
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> results.Row | None: ...
+    def on_progress(self, study: optuna.Study) -> None: ...
+    def finish(self, study: optuna.Study) -> None: ...
 
 
 def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: dict[str, float] | None = None,
@@ -36,7 +46,7 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
     """The report's view of ``study``; ``traces`` (given the rows) when a simulator is at hand."""
     rs = results.rows(study)
     return ReportSnapshot(name=study.study_name, info=study_info(study), storage=storage,
-                          directions=[d.name.lower() for d in study.directions],
+                          directions=[direction_name(d) for d in study.directions],
                           trials=study.get_trials(deepcopy=False), rows=rs, real=real_records(study),
                           sensitivity=dict(sensitivity or {}), traces=traces(rs) if traces is not None and rs else [],
                           best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
@@ -85,6 +95,14 @@ def default_renderer() -> Callable[[ReportSnapshot], str]:
     return render
 
 
+def study_report(study: optuna.Study, paths: StudyPaths, storage: str, notes: list[str] | tuple[str, ...] = ()) -> Path:
+    """Write ``paths.report`` from the study alone, without a session (``tuner report`` when the
+    model or data is gone): the simulated views (node sensitivity, per-node traces) are left
+    out. With a session, :meth:`tuner.study.session.StudySession.write_report` draws them."""
+    write_atomic(paths.report, default_renderer()(snapshot(study, paths, storage, notes=notes)))
+    return paths.report
+
+
 class ResultFiles:
     """best.yaml, pareto/trial_NNNNN.yaml and trials.csv, rewritten when the result changes.
 
@@ -93,7 +111,7 @@ class ResultFiles:
     def __init__(self, paths: StudyPaths, mode: str, min_accuracy: float | None,
                  export: Callable[[results.Row, Path], Any]) -> None:
         self.paths, self.mode, self.min_accuracy, self.export = paths, mode, min_accuracy, export
-        self._last_written: tuple | None = None
+        self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
         self._last_front: list[tuple[float, float]] = []
         self._last_best: results.Row | None = None
 
@@ -134,7 +152,7 @@ class ResultFiles:
         if best is not None:
             self.export(best, self.paths.best)
         self.paths.pareto.mkdir(parents=True, exist_ok=True)
-        keep = set()
+        keep: set[str] = set()
         for r in front:
             out = self.paths.pareto / f"trial_{r.number:05d}.yaml"
             keep.add(out.name)
@@ -152,7 +170,8 @@ class ReportFile:
     one took) and at the end. ``write(force)`` draws it; a report that fails to draw is a
     warning, never the end of an overnight search."""
 
-    def __init__(self, write: Callable[[optuna.Study], Path | None], every: float = 30.0, warn=None) -> None:
+    def __init__(self, write: Callable[[optuna.Study], Path | None], every: float = 30.0,
+                 warn: Callable[[str], None] | None = None) -> None:
         self._write, self.every, self.warn = write, every, warn
         self._at: float | None = None
 

@@ -15,13 +15,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tuner.candidate import Candidate
+
+if TYPE_CHECKING:
+    from optuna.study import StudyDirection
+    from optuna.trial import BaseTrial
 
 RECORD = "record"   # the trial user attribute holding TrialRecord.to_json()
 
 MODES = ("pareto", "accuracy", "latency")
+
+#: An objective's direction as Optuna's ``create_study(directions=...)`` takes it.
+Direction = Literal["maximize", "minimize"]
+
+
+def direction_name(d: StudyDirection) -> Direction:
+    """A study's direction as :meth:`Objectives.directions` names it."""
+    if d.name == "MAXIMIZE":
+        return "maximize"
+    if d.name == "MINIMIZE":
+        return "minimize"
+    raise ValueError(f"a study direction that is not set: {d!r}")
 
 
 @dataclass(frozen=True)
@@ -131,7 +147,7 @@ class TrialRecord:
         return out
 
     @classmethod
-    def of_trial(cls, trial) -> TrialRecord | None:
+    def of_trial(cls, trial: BaseTrial) -> TrialRecord | None:
         """The record of an Optuna trial (Frozen or live), or None when it has none."""
         d = trial.user_attrs.get(RECORD)
         return cls.from_json(d) if d else None
@@ -171,8 +187,10 @@ class Objectives:
         return {"mode": self.mode, "accuracy": self.accuracy, "report": list(self.report),
                 "min_accuracy": self.min_accuracy, "max_latency_ms": self.max_latency_ms}
 
-    def directions(self) -> list[str]:
-        return {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"], "latency": ["minimize"]}[self.mode]
+    def directions(self) -> list[Direction]:
+        by_mode: dict[str, list[Direction]] = {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"],
+                                               "latency": ["minimize"]}
+        return by_mode[self.mode]
 
     def values(self, accuracy: float, latency_ms: float) -> list[float]:
         """A trial's objective values, in the order of :meth:`directions`."""

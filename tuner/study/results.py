@@ -7,12 +7,15 @@ anytime outputs, the report, ``tuner status``, ``export`` and ``verify``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import RECORD, Counts, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
+from tuner.study.record import RECORD, Counts, Direction, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
+
+if TYPE_CHECKING:
+    from tuner.simulate import Evaluation
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Trace:
     nodes: list[dict[str, Any]]     # name, op_type, on, subgraph, cosine
 
     @classmethod
-    def from_evaluation(cls, label: str, trial: int | None, ev) -> Trace:
+    def from_evaluation(cls, label: str, trial: int | None, ev: Evaluation) -> Trace:
         return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
                                    "cosine": r.cosine} for r in ev.nodes])
 
@@ -110,7 +113,7 @@ class ReportSnapshot:
     name: str
     info: dict[str, Any]                       # the study's tuner attribute (mode, objectives, march, ...)
     storage: str                               # where the study lives, password redacted
-    directions: list[str]                      # "maximize" / "minimize" per objective
+    directions: list[Direction]                # "maximize" / "minimize" per objective
     trials: list[FrozenTrial]                  # all trials (history, importances, failures)
     rows: list[Row]                    # the completed trials with a record
     real: dict[int, dict[str, Any]] = field(default_factory=dict)   # trial -> real toolchain record

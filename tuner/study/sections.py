@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.metrics.task import higher_is_better, parse_metric_spec
+from tuner.metrics.task import MetricSpec, higher_is_better, parse_metric_spec
 from tuner.study.record import Objectives
 
 PLACEMENTS = ("BPU", "CPU")
@@ -41,7 +41,8 @@ def parse_duration(text: Any, where: str) -> float | None:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-def checked_list(where: str, value: Any, allowed: tuple | None = None, kind: type | tuple = str) -> list:
+def checked_list(where: str, value: Any, allowed: tuple[Any, ...] | None = None,
+                 kind: type | tuple[type, ...] = str) -> list[Any]:
     """A non-empty list of distinct values of ``kind`` (and in ``allowed``)."""
     if not isinstance(value, list) or not value:
         raise TunerError(f"{where}: expected a non-empty list, got {value!r}")
@@ -57,7 +58,7 @@ def checked_list(where: str, value: Any, allowed: tuple | None = None, kind: typ
     return value
 
 
-def _task_spec(where: str, text: Any):
+def _task_spec(where: str, text: Any) -> MetricSpec:
     try:
         return parse_metric_spec(str(text))
     except TunerError as exc:
@@ -120,7 +121,7 @@ class CalibrationKnobs:
         pcs = checked_list(f"{where}.per_channel", c["per_channel"], (True, False), bool)
         return cls(calibration_type=tuple(types), max_percentile=tuple(float(p) for p in pcts), per_channel=tuple(pcs))
 
-    def free(self) -> dict[str, list]:
+    def free(self) -> dict[str, list[Any]]:
         """The knobs with more than one value: the study's calibration parameters."""
         return {k: list(v) for k, v in (("calibration_type", self.calibration_type),
                                         ("max_percentile", self.max_percentile),

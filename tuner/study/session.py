@@ -14,10 +14,9 @@ import math
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import optuna
@@ -32,10 +31,12 @@ from tuner.export.hb_yaml import write_atomic
 from tuner.inputs.config import load_config
 from tuner.inputs.model import file_fingerprint
 from tuner.metrics.accuracy import accuracy
+from tuner.simulate import Evaluation
 from tuner.study import results
 from tuner.study.orphans import reap, tag_trials
-from tuner.study.outputs import ReportFile, ReportSnapshot, ResultFiles, Trace, default_renderer, export_trial, snapshot
-from tuner.study.record import RECORD, CalibrationUsed, Counts, Latency, Objectives, TrialRecord
+from tuner.study.outputs import Output, ReportFile, ResultFiles, default_renderer, export_trial, snapshot
+from tuner.study.record import RECORD, CalibrationUsed, Counts, Direction, Latency, Objectives, TrialRecord
+from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.space import ResolvedSpace, SearchSpace, load_space, resolve
 from tuner.study.storage import (
     FINGERPRINTS,
@@ -75,9 +76,9 @@ class StudySession:
     render: Callable[[ReportSnapshot], str] | None = None   # report.html from a snapshot (the caller's)
     _results: ResultFiles | None = None
     _report: ReportFile | None = None
-    _traces: dict[str, Any] = field(default_factory=dict)
+    _traces: dict[str, Evaluation] = field(default_factory=dict)
     _manual_cal: Calibration | None = None
-    _evaluated: dict[str, Any] = field(default_factory=dict)  # baselines evaluated before their trials ran
+    _evaluated: dict[str, Evaluation] = field(default_factory=dict)  # baselines evaluated before their trials ran
 
     # ---------------------------------------------------------------- set-up
     @classmethod
@@ -115,7 +116,7 @@ class StudySession:
     def mode(self) -> str:
         return self.objectives.mode
 
-    def directions(self) -> list[str]:
+    def directions(self) -> list[Direction]:
         return self.objectives.directions()
 
     def sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -134,10 +135,11 @@ class StudySession:
     def study(self, seed: int | None = None, create: bool = True) -> optuna.Study:
         storage = make_storage(self.storage_url, self.paths, HEARTBEAT_S if self.heartbeat is None else self.heartbeat,
                                self.max_retry)
+        fingerprints = self.fingerprints()
         attrs = {"version": __version__, "name": self.name, "mode": self.mode,
                  "objectives": self.objectives.to_dict(), "space_path": str(self.space.path.resolve()),
                  "base_path": str(self.space.base), "march": self.ws.target.march,
-                 "node_info_supported": self.ws.node_info_supported, "fingerprints": self.fingerprints()}
+                 "node_info_supported": self.ws.node_info_supported, "fingerprints": fingerprints}
         try:
             study = optuna.load_study(study_name=self.name, storage=storage, sampler=self.sampler(seed))
         except KeyError:
@@ -151,16 +153,16 @@ class StudySession:
         stored = study.user_attrs.get(STUDY_ATTR)
         if not stored:
             raise TunerError(f"study {self.name!r} in {self._where()} was not made by tuner; use another --study name")
-        changed = [k for k in FINGERPRINTS if stored["fingerprints"].get(k) != attrs["fingerprints"][k]]
+        changed = [k for k in FINGERPRINTS if stored["fingerprints"].get(k) != fingerprints[k]]
         if changed and not create:
             # A worker joining a study: say which of this machine's files differ.
-            detail = "; ".join(f"{self._input_path(k)} (sha256 {attrs['fingerprints'][k][:12]}) is not the study's "
+            detail = "; ".join(f"{self._input_path(k)} (sha256 {fingerprints[k][:12]}) is not the study's "
                                f"{k.replace('_', ' ')} (sha256 {str(stored['fingerprints'].get(k, '?'))[:12]})"
                                for k in changed)
             raise TunerError(f"cannot join study {self.name!r}: {detail}; copy the study's files to this machine "
                              "(same model, data, base YAML and space), or point --space at the right space file")
         if changed:
-            detail = ", ".join(f"{k} {stored['fingerprints'].get(k, '?')[:12]} -> {attrs['fingerprints'][k][:12]}"
+            detail = ", ".join(f"{k} {stored['fingerprints'].get(k, '?')[:12]} -> {fingerprints[k][:12]}"
                                for k in changed)
             raise TunerError(f"study {self.name!r} was made from other inputs ({detail}); continuing would mix results "
                              f"of different problems: restore the inputs, or start a new study with --study NEW_NAME")
@@ -215,7 +217,7 @@ class StudySession:
         return len(plans)
 
     # ---------------------------------------------------------------- trials
-    def clean_zombies(self, study: optuna.Study, pids=None) -> list[int]:
+    def clean_zombies(self, study: optuna.Study, pids: Iterable[int] | None = None) -> list[int]:
         """RUNNING trials whose worker process on this host is gone -> FAIL (re-queued ``max_retry`` times)."""
         return reap(study, self.max_retry, pids)
 
@@ -291,7 +293,7 @@ class StudySession:
             trial.set_constraint(name, value)
 
     # ---------------------------------------------------------------- outputs
-    def outputs(self) -> list:
+    def outputs(self) -> list[Output]:
         """The loop's callbacks of a search in this process: result files and the report."""
         return [self.result_files, self.report_file]
 
@@ -326,7 +328,7 @@ class StudySession:
         """Per-node cosine along the graph for the exported trial and the all-int8 baseline
         (two evaluations with every node's output; cached by candidate, so a rewrite that
         does not change the best costs nothing)."""
-        want = []
+        want: list[tuple[str, int | None, Candidate]] = []   # (label, trial, candidate)
         best = results.best(rs, self.mode, self.objectives.min_accuracy)
         if best is not None:
             want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))

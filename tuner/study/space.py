@@ -94,15 +94,21 @@ class SearchSpace:
 
     @property
     def march(self) -> str | None:
-        return self.raw["march"]
+        march = self.raw["march"]
+        assert march is None or isinstance(march, str), "checked by load_space"
+        return march
 
     @property
     def eval_limit(self) -> int | None:
-        return self.raw["eval_limit"]
+        limit = self.raw["eval_limit"]
+        assert limit is None or isinstance(limit, int), "checked by load_space"
+        return limit
 
     @property
     def labels(self) -> dict[str, str]:
-        return self.raw["labels"]
+        labels = self.raw["labels"]
+        assert isinstance(labels, dict), "checked by load_space"
+        return labels
 
     def task_metrics(self) -> list[MetricSpec]:
         """The task metrics the evaluations must compute: the objective's (if a task metric) and report's."""
@@ -140,6 +146,8 @@ def load_space(path: str | Path) -> SearchSpace:
         raise TunerError(f"{path}: labels: expected a mapping of output name to a file pattern, e.g. "
                          "{seg: 'labels/seg_*.npy'}")
     settings = StudySettings.from_section(raw["study"], f"{path}: study")
+    if raw["march"] is not None and not isinstance(raw["march"], str):
+        raise TunerError(f"{path}: march: expected a march name or a target YAML path, got {raw['march']!r}")
     if isinstance(raw["march"], str) and raw["march"].endswith((".yaml", ".yml")):
         # a target table file (e.g. one corrected by 'tuner import-log --update-target'), relative to this file
         raw["march"] = str((path.parent / raw["march"]).resolve())

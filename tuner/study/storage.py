@@ -59,7 +59,8 @@ HEARTBEAT_S = 20
 GRACE_FACTOR = 3
 
 
-def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = HEARTBEAT_S, max_retry: int = 1):
+def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = HEARTBEAT_S,
+                 max_retry: int = 1) -> JournalStorage | RDBStorage:
     """Default: an Optuna journal file in the study folder (multi-process safe, cheap writes);
     else any Optuna storage URL (sqlite:///..., postgresql://...) or a journal file path.
 
@@ -122,7 +123,7 @@ def _redact_text(text: str, url: str) -> str:
 def study_info(study: optuna.Study) -> dict[str, Any]:
     """The ``tuner`` attribute a study was created with (inputs, objectives, fingerprints)."""
     info = study.user_attrs.get(STUDY_ATTR)
-    if not info:
+    if not info or not isinstance(info, dict):
         raise TunerError(f"study {study.study_name!r} was not made by tuner")
     return info
 

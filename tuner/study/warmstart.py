@@ -17,6 +17,7 @@ from typing import Any
 from tuner.candidate import Calibration, Candidate
 from tuner.sensitivity import cached_sensitivity, leave_one_float
 from tuner.study.space import ResolvedSpace, SearchSpace, free_nodes
+from tuner.workspace import Workspace
 
 Plan = tuple[str, dict[str, Any]]   # (label, Optuna parameters)
 
@@ -104,7 +105,8 @@ def best_baseline_calibration(r: ResolvedSpace, plans: list[Plan], score: Callab
     return best
 
 
-def node_sensitivity(space: SearchSpace, ws, cache: Path, progress=None) -> dict[str, float]:
+def node_sensitivity(space: SearchSpace, ws: Workspace, cache: Path,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Leave-one-float gains of the space's free nodes, cached in ``cache`` (the study folder's
     sensitivity.json) and keyed by everything they depend on: the search's top-K, its warm
     start, ``tuner sensitivity SPACE`` and the report all read the same file."""

@@ -330,10 +330,10 @@ def _table(lines: list[str], start: int, header: _Header, make, is_row_line, wha
 
     if not header.positional:
         while i < len(lines) and not _ends_table(lines[i]):
-            cells = _separated(lines[i])
+            separated = _separated(lines[i])
             if not is_row_line(lines[i].replace("|", " ").split()):
                 break
-            row = make(dict(zip(fields, cells))) if len(cells) == len(fields) else None
+            row = make(dict(zip(fields, separated))) if len(separated) == len(fields) else None
             if row is None:
                 warnings.append(f"{what}: line {i + offset + 1}: could not read the row {lines[i].strip()!r}; skipped")
             else:

@@ -42,9 +42,10 @@ from tuner.export.hb_yaml import dump_yaml
 from tuner.files import write_atomic
 from tuner.simulate import Simulator
 from tuner.study import results
+from tuner.study.outputs import export_trial
 from tuner.study.record import Objectives
-from tuner.study.runner import export_trial, study_info
 from tuner.study.space import load_space
+from tuner.study.storage import study_info
 from tuner.toolchain.compare import Comparison
 from tuner.toolchain.hblog import HbLog, parse_log, read_log
 from tuner.toolchain.logterms import compare_with_log, log_simulator
@@ -213,6 +214,8 @@ class StudyContext:
         constraints = obj.constraints(accuracy, lat)
         summary = {k: record.get(k) for k in ("status", "accuracy", "accuracy_source", "latency_ms", "output_cosine",
                                                "sim_accuracy", "when")}
+        if row.trial is None:
+            raise ValueError(f"trial {row.number}: a row made by hand has no parameters to feed back")
         trial = optuna.trial.create_trial(
             params=dict(row.trial.params), distributions=dict(row.trial.distributions), values=values,
             constraints=constraints or None,
