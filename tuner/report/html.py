@@ -61,7 +61,7 @@ window.addEventListener('load', function () {
 
 # ------------------------------------------------------------------------------ figures
 def _is_baseline(r: results.Row) -> bool:
-    return bool(r.plan) and r.plan.startswith("baseline")
+    return r.plan is not None and r.plan.startswith("baseline")
 
 
 def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy: float | None,
@@ -207,7 +207,7 @@ def trace_figure(traces: list[Trace]):
 
 
 # ------------------------------------------------------------------------------ page
-def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset(),
+def _table(headers: list[str], rows: list[list[str]], numeric: frozenset[int] | set[int] = frozenset(),
            highlight: int | None = None) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
