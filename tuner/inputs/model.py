@@ -65,6 +65,20 @@ def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
+def _check_static_dims(path: Path, vi: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
+    """A static dimension of the model's input must equal input_shape's (hb_mapper refuses otherwise);
+    a dynamic one (a symbol, or no value) may take any value."""
+    model_dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                  for d in vi.type.tensor_type.shape.dim]
+    bad = [i for i, (m, s) in enumerate(zip(model_dims, shape)) if m is not None and m != s]
+    if bad:
+        model_txt = "x".join("?" if m is None else str(m) for m in model_dims)
+        raise TunerError(f"{path}: input_shape {'x'.join(map(str, shape))} does not match input {vi.name!r}'s "
+                         f"static shape {model_txt} (dimension {', '.join(map(str, bad))}); hb_mapper refuses "
+                         f"this: set input_parameters.input_shape to {model_txt.replace('?', 'N')} "
+                         "(only dynamic dimensions may change) or re-export the model with that input size")
+
+
 def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
                max_opset: int | None = None, max_ir: int | None = None, hb_optimize: bool = True) -> LoadedModel:
     """Load ``path`` and prepare it. ``input_shapes`` overrides the model's (YAML input_shape).
@@ -114,6 +128,8 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
         if model_rank and len(shape) != model_rank:
             raise TunerError(f"{path}: input_shape {'x'.join(map(str, shape))} has rank {len(shape)} but input "
                              f"{vi.name!r} has rank {model_rank}")
+        if model_rank:
+            _check_static_dims(path, vi, tuple(shape))
         shapes[vi.name] = tuple(shape)
         tt = vi.type.tensor_type
         tt.ClearField("shape")
