@@ -156,3 +156,23 @@ def test_eval_trace_shows_where_error_enters_and_the_switches(tiny_project):
     assert text.returncode == 0 and "<< error enters" in text.stdout and "Switch" in text.stdout
     both = run("eval", tiny_project, "--trace", "--no-nodes")
     assert both.returncode == 2 and "--trace" in both.stderr
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (("search", "space.yaml", "--jobs", "0"), "argument --jobs: expected a positive integer, got 0"),
+    (("search", "space.yaml", "--jobs", "-2"), "argument --jobs: expected a positive integer, got -2"),
+    (("search", "space.yaml", "--n-trials", "-1"), "argument --n-trials: expected an integer >= 0, got -1"),
+    (("search", "space.yaml", "--timeout", "5 minutes"), "argument --timeout: expected seconds or a duration"),
+    (("search", "space.yaml", "--timeout", "0"), "argument --timeout: must be positive"),
+    (("worker", "s", "--max-retry", "-1"), "argument --max-retry: expected an integer >= 0, got -1"),
+    (("worker", "s", "--heartbeat", "0"), "argument --heartbeat: expected a positive number of seconds"),
+    (("worker", "s", "--threads", "0"), "argument --threads: expected a positive integer, got 0"),
+    (("eval", "c.yaml", "--limit", "0"), "argument --limit: expected a positive integer, got 0"),
+    (("sensitivity", "c.yaml", "--top", "-3"), "argument --top: expected a positive integer, got -3"),
+    (("verify", "s", "--command", "true", "--top", "0"), "argument --top: expected a positive integer, got 0"),
+])
+def test_bad_counts_are_refused_by_the_parser(tmp_path, argv, fragment):
+    r = run(*argv, cwd=tmp_path)
+    assert r.returncode == 2
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []      # nothing created

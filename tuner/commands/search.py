@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study", help="study name (default: study.name in the space, else the file name)")
     a.n_trials(p, "run until the study holds this many completed trials")
     a.timeout(p)
-    p.add_argument("--jobs", type=int, default=1, help="worker processes on this machine (default 1)")
+    p.add_argument("--jobs", type=a.positive_int, default=1, help="worker processes on this machine (default 1)")
     a.storage(p, "Optuna storage URL (default: a journal file in results/<study>/)")
     p.add_argument("--seed", type=int, help="sampler seed (default: study.seed in the space)")
     a.threads(p, "evaluation threads per worker (default: all cores)")

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "per-channel (e.g. max,kl,max:0.99995+pc)")
     p.add_argument("--study", help="with a space: the study whose cache to use (default: the space's name)")
     a.results_dir(p, "with a space: where study folders are")
-    p.add_argument("--top", type=int, help="show only the N most sensitive nodes")
+    p.add_argument("--top", type=a.positive_int, help="show only the N most sensitive nodes")
     p.add_argument("--csv", help="write every row to this CSV file")
     p.set_defaults(func=run)
 
