@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.candidate import Calibration, Candidate
+from tuner.files import check_writable
 from tuner.inputs.config import read_yaml
 from tuner.sensitivity import Ranking, Sensitivity, sensitivity_table
 from tuner.study.runner import StudyPaths, _reference_calibration, node_sensitivity
@@ -42,6 +43,8 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
     shared = None
     if is_space(raw):
         space = load_space(path)
+        if (metric or space.objective.accuracy) == space.objective.accuracy:   # the gains go to the study's cache
+            check_writable(Path(results_dir) / (study or space.name), "the sensitivity ranking")
         ws = Workspace.for_space(space, data=data, limit=limit, march=march, threads=threads,
                                  progress=progress("calibration statistics"))
         b = ws.base_candidate()

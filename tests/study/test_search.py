@@ -188,6 +188,8 @@ def test_export_keeps_the_users_keys_and_eval_reproduces_the_trial(tmp_path):
         assert ev["outputs"][name]["cosine"] == pytest.approx(metrics["cosine"], abs=1e-9)
     # refusing to overwrite the input YAML
     r = cli("export", "tiny", "--out", base, cwd=tmp_path)
+    assert r.returncode == 2 and "the file exists; tuner does not replace it unless you pass --force" in r.stderr
+    r = cli("export", "tiny", "--out", base, "--force", cwd=tmp_path)
     assert r.returncode == 2 and "refusing to overwrite your input YAML" in r.stderr
     assert base.read_bytes() == before
 
@@ -311,12 +313,12 @@ def test_each_trial_records_its_worker_once_when_it_is_created(tmp_path):
 
 
 def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_path, monkeypatch):
-    """No trial meets min_accuracy 2.0, so the front stays empty: after the first write, an
+    """No trial meets max_latency_ms 1e-9, so the front stays empty: after the first write, an
     infeasible trial returns the last result without reading the study, as a dominated one does."""
     from tuner.study import results
 
     space = write_tiny_space(tmp_path)
-    space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  min_accuracy: 2.0\n"))
+    space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  max_latency_ms: 0.000000001\n"))
     search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=4, timeout=None, jobs=1, seed=0, progress=False)
     reads = []

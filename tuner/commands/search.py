@@ -52,7 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.results_dir(p)
         if name == "export":
             p.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
-            p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml)")
+            p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml); an existing file "
+                                         "is refused without --force")
+            p.add_argument("--force", action="store_true", help="overwrite an existing --out file (never the "
+                                                                "study's base YAML)")
             p.add_argument("--by", choices=("simulated", "real"), default="simulated",
                            help="pick the best by the simulated figure (default) or by the real one 'tuner verify' "
                                 "stored")
@@ -79,6 +82,8 @@ def search(args: argparse.Namespace) -> int:
     # During set-up Ctrl-C interrupts at once (a process started in the background inherits
     # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    from tuner.study.session import preflight
+    preflight(args.space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
     if not _data_ok(args.space):
         return 2
     search = Search.open(args.space, args.study, args.storage, args.results_dir, args.threads)
@@ -233,10 +238,18 @@ def status(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
+    from tuner.files import check_writable
     from tuner.study.results import best, rows
     from tuner.study.runner import export_trial, open_existing, study_info
     from tuner.toolchain.verify import best_real
 
+    if args.out:
+        if Path(args.out).is_dir():
+            raise TunerError(f"--out {args.out}: is a folder; name the YAML file to write")
+        if Path(args.out).exists() and not args.force:
+            raise TunerError(f"--out {args.out}: the file exists; tuner does not replace it unless you pass --force "
+                             "(or choose another --out)")
+        check_writable(Path(args.out).parent, "the exported YAML")
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     info = study_info(study)
     rs = rows(study)

@@ -30,10 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.console import progress_printer, say
-    from tuner.files import write_atomic
+    from tuner.files import check_writable, write_atomic
     from tuner.rank import rank
     from tuner.report import sensitivity as report
 
+    if args.csv:
+        check_writable(Path(args.csv).parent, "the CSV file")
     result = rank(args.config, (args.calibration or "").split(","), args.metric, a.data_dirs(args.data), args.limit,
                   args.march, args.threads, args.study, args.results_dir, progress=progress_printer, say=say)
     if args.csv:
