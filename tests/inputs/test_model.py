@@ -95,3 +95,15 @@ def test_input_shape_must_match_static_dims(tmp_path):
     assert load_model(p, {"x": (4, 3, 256, 100)}).input_shapes == {"x": (4, 3, 256, 100)}
     with pytest.raises(TunerError, match=r"static shape Nx3x256xN|static shape \?x3x256x\?"):
         load_model(p, {"x": (4, 3, 255, 100)})
+
+
+def test_git_lfs_pointer_and_truncated_models_are_named(tmp_path):
+    p = tmp_path / "model.onnx"
+    p.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 23847291\n")
+    with pytest.raises(TunerError, match=r"model.onnx: a Git LFS pointer \(\d+ bytes\), not the model; .*git lfs pull"):
+        load_model(p)
+    whole = _static_model(tmp_path, [1, 3, 8, 8]).read_bytes()
+    for cut in (len(whole) // 2, len(whole) - 1):
+        p.write_bytes(whole[:cut])
+        with pytest.raises(TunerError, match=rf"model.onnx: a truncated or damaged ONNX file \({cut} bytes"):
+            load_model(p)

@@ -91,9 +91,17 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if not path.is_file():
         raise TunerError(f"{path}: model file not found; check model_parameters.onnx_model "
                          "(relative paths are resolved against the YAML's folder)")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head.startswith(b"version https://git-lfs"):
+        raise TunerError(f"{path}: a Git LFS pointer ({path.stat().st_size} bytes), not the model; fetch the file "
+                         "itself with 'git lfs pull' (or download the model again)")
     try:
         proto = onnx.load(str(path))
     except Exception as exc:  # onnx raises DecodeError, google.protobuf errors, ...
+        if head[:1] == b"\x08":  # ModelProto starts with its ir_version field: the file is cut or damaged
+            raise TunerError(f"{path}: a truncated or damaged ONNX file ({path.stat().st_size} bytes; "
+                             f"{type(exc).__name__}); copy or download the model again") from None
         raise TunerError(f"{path}: not an ONNX model ({type(exc).__name__}); export the float model to ONNX first") from None
     if len(proto.graph.node) == 0:
         raise TunerError(f"{path}: not an ONNX model (no graph nodes); export the float model to ONNX first")
