@@ -44,3 +44,35 @@ def test_sensitivity_of_a_space_is_the_studys_cache(tmp_path):
     cache.write_text(json.dumps(stored))
     search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
     assert search.sensitivity[node] == 123.0
+
+
+def test_an_interrupted_ranking_keeps_its_finished_part_and_continues(tmp_path):
+    """Ctrl-C in the leave-one-float loop (here: from the progress callback, where a real Ctrl-C
+    lands as often as anywhere) writes the finished nodes; the next run computes only the rest."""
+    import pytest
+
+    from tuner.study.space import load_space
+    from tuner.study.warmstart import node_sensitivity
+    from tuner.workspace import Workspace
+
+    space = load_space(write_tiny_space(tmp_path))
+    ws = Workspace.for_space(space)
+    cache = tmp_path / "results" / "tiny" / "sensitivity.json"
+
+    def stop_after_3(i, n):
+        if i == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        node_sensitivity(space, ws, cache, stop_after_3)
+    partial = json.loads(cache.read_text())
+    assert partial["partial"] is True and len(partial["sensitivity"]) == 3
+    calls = []
+    gains = node_sensitivity(space, ws, cache, lambda i, n: calls.append((i, n)))
+    n = calls[-1][1]
+    assert calls[0] == (4, n) and len(calls) == n - 3          # only the nodes not done before
+    assert {k: gains[k] for k in partial["sensitivity"]} == partial["sensitivity"]
+    assert "partial" not in json.loads(cache.read_text())
+    fresh = node_sensitivity(space, ws, tmp_path / "fresh.json")
+    assert gains == pytest.approx(fresh, abs=1e-12)
+    assert node_sensitivity(space, ws, cache, lambda i, n: calls.append("again")) == gains and calls[-1] != "again"
