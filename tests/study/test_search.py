@@ -328,3 +328,31 @@ def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_pat
     assert reads == []
     search.write_results(study, force=True)
     assert len(reads) == 1
+
+
+def test_trials_csv_keeps_up_while_the_front_does_not_change(tmp_path, monkeypatch):
+    """An infeasible study never changes its front; trials.csv still follows the study within
+    CSV_EVERY_TRIALS trials (or CSV_EVERY_S seconds), so a kill -9 leaves it nearly complete."""
+    import csv
+
+    from tuner.study import outputs
+
+    space = write_tiny_space(tmp_path)
+    space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  max_latency_ms: 0.000000001\n"))
+    search = Search.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=0, progress=False)
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    assert len(done) == 12
+    csv_path = search.paths.trials_csv
+
+    def n_rows():
+        return len(list(csv.reader(csv_path.open()))) - 1 if csv_path.exists() else None
+
+    csv_path.unlink()
+    for i, t in enumerate(done):
+        search.write_results(study, trial=t)
+        assert n_rows() == (12 if i + 1 >= outputs.CSV_EVERY_TRIALS else None)   # the 10th trial rewrites it
+    csv_path.unlink()
+    monkeypatch.setattr(outputs, "CSV_EVERY_S", 0.0)     # as if 30 s had passed since the last write
+    search.write_results(study, trial=done[-1])
+    assert n_rows() == 12
