@@ -205,7 +205,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
+            seen: dict[Any, tuple[int, int]] = {}
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
@@ -214,15 +214,15 @@ class UniqueKeyLoader(yaml.SafeLoader):
                     first = seen.get(key)
                 except TypeError:       # an unhashable key: the base class reports it
                     continue
-                line = key_node.start_mark.line + 1
+                at = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
                 if first is not None:
-                    raise DuplicateKeyError(f"key {key!r} is given twice in one mapping, at line {first} and line "
-                                            f"{line} (YAML keeps only the last); remove or merge one of them")
-                seen[key] = line
+                    where = (f"line {first[0]} and line {at[0]}" if first[0] != at[0] else
+                             f"line {at[0]}, columns {first[1]} and {at[1]}")
+                    raise DuplicateKeyError(f"key {key!r} is given twice in one mapping, at {where} (YAML keeps "
+                                            "only the last); remove or merge one of them")
+                seen[key] = at
         return super().construct_mapping(node, deep=deep)
 
-
-UniqueKeyLoader.add_constructor("tag:yaml.org,2002:map", UniqueKeyLoader.construct_yaml_map)
 
 
 OPTIMIZATIONS = ("set_model_output_int8", "set_model_output_int16", "set_all_nodes_int16",

@@ -72,7 +72,7 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
                     bar.set_postfix_str(info["best_text"])
             if lines is not None and lines.due():
                 completed = len(st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-                lines(min(completed, n_trials), extra=info.get("best_text", ""))
+                lines(min(completed, n_trials), extra=str(info.get("best_text", "")))
         elif trial.state == TrialState.FAIL:
             info["failed"] = info.get("failed", 0) + 1
             if "error" in trial.user_attrs:
