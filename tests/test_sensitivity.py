@@ -76,3 +76,34 @@ def test_an_interrupted_ranking_keeps_its_finished_part_and_continues(tmp_path):
     fresh = node_sensitivity(space, ws, tmp_path / "fresh.json")
     assert gains == pytest.approx(fresh, abs=1e-12)
     assert node_sensitivity(space, ws, cache, lambda i, n: calls.append("again")) == gains and calls[-1] != "again"
+
+
+def test_an_interrupted_ranking_of_a_yaml_continues_from_the_cache(tiny_project, tmp_path, monkeypatch):
+    import pytest
+
+    from tuner.rank import rank
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    stop = [True]
+
+    def stop_after_3(label):
+        def show(i, n):
+            calls.append((label, i))
+            if label == "leave-one-float" and i == 3 and stop[0]:
+                stop[0] = False
+                raise KeyboardInterrupt
+        return show
+
+    with pytest.raises(KeyboardInterrupt):
+        rank(tiny_project, progress=stop_after_3)
+    (cached,) = (tmp_path / "cache" / "sensitivity").glob("*.json")
+    partial = json.loads(cached.read_text())
+    assert partial["partial"] is True and len(partial["sensitivity"]) == 3
+    calls.clear()
+    result = rank(tiny_project, progress=stop_after_3)
+    first = [i for label, i in calls if label == "leave-one-float"]
+    assert first[0] == 4                                            # the three finished nodes are not redone
+    gains = {r.node: r.float_gain for r in result.runs[0].rows}
+    assert {k: gains[k] for k in partial["sensitivity"]} == partial["sensitivity"]
+    assert "partial" not in json.loads(cached.read_text())
