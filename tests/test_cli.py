@@ -156,3 +156,52 @@ def test_eval_trace_shows_where_error_enters_and_the_switches(tiny_project):
     assert text.returncode == 0 and "<< error enters" in text.stdout and "Switch" in text.stdout
     both = run("eval", tiny_project, "--trace", "--no-nodes")
     assert both.returncode == 2 and "--trace" in both.stderr
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (("search", "space.yaml", "--jobs", "0"), "argument --jobs: expected a positive integer, got 0"),
+    (("search", "space.yaml", "--jobs", "-2"), "argument --jobs: expected a positive integer, got -2"),
+    (("search", "space.yaml", "--n-trials", "-1"), "argument --n-trials: expected an integer >= 0, got -1"),
+    (("search", "space.yaml", "--timeout", "5 minutes"), "argument --timeout: expected seconds or a duration"),
+    (("search", "space.yaml", "--timeout", "0"), "argument --timeout: must be positive"),
+    (("worker", "s", "--max-retry", "-1"), "argument --max-retry: expected an integer >= 0, got -1"),
+    (("worker", "s", "--heartbeat", "0"), "argument --heartbeat: expected a positive number of seconds"),
+    (("worker", "s", "--threads", "0"), "argument --threads: expected a positive integer, got 0"),
+    (("eval", "c.yaml", "--limit", "0"), "argument --limit: expected a positive integer, got 0"),
+    (("sensitivity", "c.yaml", "--top", "-3"), "argument --top: expected a positive integer, got -3"),
+    (("verify", "s", "--command", "true", "--top", "0"), "argument --top: expected a positive integer, got 0"),
+])
+def test_bad_counts_are_refused_by_the_parser(tmp_path, argv, fragment):
+    r = run(*argv, cwd=tmp_path)
+    assert r.returncode == 2
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []      # nothing created
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
+    """In a log (stderr a pipe) long work prints a progress line every TUNER_PROGRESS_EVERY seconds
+    (default 10; 0 here: every step) with trials done, the best so far and an ETA."""
+    import os
+    import re
+
+    from helpers import write_tiny_space
+
+    space = write_tiny_space(tmp_path)
+    env = dict(os.environ, TUNER_PROGRESS_EVERY="0")
+    r = subprocess.run([sys.executable, "-m", "tuner", "sensitivity", space], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    steps = re.findall(r"^node sensitivity: (\d+)/(\d+) \(\d+%\)", r.stderr, re.M)
+    assert len(steps) >= 3 and steps[-1][0] == steps[-1][1]
+    assert re.search(r"^node sensitivity: 1/\d+ \(\d+%\), ETA \d+", r.stderr, re.M)
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", space, "--n-trials", "6"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = re.findall(r"^trials: (\d+)/6 \(\d+%\)(.*)$", r.stderr, re.M)
+    assert [int(n) for n, _ in lines][-1] == 6 and len(lines) >= 3
+    assert any("best #" in rest and "ETA" in rest for _, rest in lines[:-1])
+    # the default: no more than one line per 10 s (this search takes seconds: only the final one)
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", space, "--n-trials", "10"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len(re.findall(r"^trials: ", r.stderr, re.M)) <= 2

@@ -44,3 +44,66 @@ def test_sensitivity_of_a_space_is_the_studys_cache(tmp_path):
     cache.write_text(json.dumps(stored))
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     assert search.sensitivity[node] == 123.0
+
+
+def test_an_interrupted_ranking_keeps_its_finished_part_and_continues(tmp_path):
+    """Ctrl-C in the leave-one-float loop (here: from the progress callback, where a real Ctrl-C
+    lands as often as anywhere) writes the finished nodes; the next run computes only the rest."""
+    import pytest
+
+    from tuner.study.space import load_space
+    from tuner.study.warmstart import node_sensitivity
+    from tuner.workspace import Workspace
+
+    space = load_space(write_tiny_space(tmp_path))
+    ws = Workspace.for_space(space)
+    cache = tmp_path / "results" / "tiny" / "sensitivity.json"
+
+    def stop_after_3(i, n):
+        if i == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        node_sensitivity(space, ws, cache, stop_after_3)
+    partial = json.loads(cache.read_text())
+    assert partial["partial"] is True and len(partial["sensitivity"]) == 3
+    calls = []
+    gains = node_sensitivity(space, ws, cache, lambda i, n: calls.append((i, n)))
+    n = calls[-1][1]
+    assert calls[0] == (4, n) and len(calls) == n - 3          # only the nodes not done before
+    assert {k: gains[k] for k in partial["sensitivity"]} == partial["sensitivity"]
+    assert "partial" not in json.loads(cache.read_text())
+    fresh = node_sensitivity(space, ws, tmp_path / "fresh.json")
+    assert gains == pytest.approx(fresh, abs=1e-12)
+    assert node_sensitivity(space, ws, cache, lambda i, n: calls.append("again")) == gains and calls[-1] != "again"
+
+
+def test_an_interrupted_ranking_of_a_yaml_continues_from_the_cache(tiny_project, tmp_path, monkeypatch):
+    import pytest
+
+    from tuner.rank import rank
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    stop = [True]
+
+    def stop_after_3(label):
+        def show(i, n):
+            calls.append((label, i))
+            if label == "leave-one-float" and i == 3 and stop[0]:
+                stop[0] = False
+                raise KeyboardInterrupt
+        return show
+
+    with pytest.raises(KeyboardInterrupt):
+        rank(tiny_project, progress=stop_after_3)
+    (cached,) = (tmp_path / "cache" / "sensitivity").glob("*.json")
+    partial = json.loads(cached.read_text())
+    assert partial["partial"] is True and len(partial["sensitivity"]) == 3
+    calls.clear()
+    result = rank(tiny_project, progress=stop_after_3)
+    first = [i for label, i in calls if label == "leave-one-float"]
+    assert first[0] == 4                                            # the three finished nodes are not redone
+    gains = {r.node: r.float_gain for r in result.runs[0].rows}
+    assert {k: gains[k] for k in partial["sensitivity"]} == partial["sensitivity"]
+    assert "partial" not in json.loads(cached.read_text())

@@ -62,3 +62,37 @@ def write_atomic(path: Path, text: str | bytes, protect: tuple[Path, ...] = ()) 
             raise TunerError(f"{path}: refusing to overwrite your input YAML; choose another --out")
     with atomic_file(path, binary=isinstance(text, bytes)) as f:
         f.write(text)
+
+
+#: A folder tuner is about to fill must have at least this much space left.
+MIN_FREE_BYTES = 16 * 1024 * 1024
+
+
+def check_writable(folder: Path, what: str) -> None:
+    """Raise one TunerError unless tuner can create files in ``folder`` (created later if missing):
+    checked up front, before minutes of statistics or sensitivity, by writing and removing a
+    probe file in it (or in its nearest existing parent), which also catches read-only mounts."""
+    folder = Path(folder)
+    probe_dir = folder
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        raise TunerError(f"{folder}: cannot write {what} there: {probe_dir} is a file, not a folder; "
+                         "choose another folder")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe_dir, prefix=".tuner-write-check.", suffix=".tmp")
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as exc:
+        raise TunerError(f"{folder}: cannot write {what} there ({exc.strerror or type(exc).__name__} in "
+                         f"{probe_dir}); make it writable or choose another folder") from None
+    import shutil
+
+    free = shutil.disk_usage(probe_dir).free
+    if free < MIN_FREE_BYTES:
+        raise TunerError(f"{folder}: cannot write {what} there: its file system is full ({free // 1024} KB free); "
+                         "free some space or choose another folder")

@@ -8,13 +8,15 @@ shared with the search's top-K, warm start and report.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tuner.candidate import Calibration, Candidate
+from tuner.files import cache_dir, check_writable
 from tuner.inputs.config import read_yaml
-from tuner.sensitivity import Ranking, Sensitivity, sensitivity_table
+from tuner.sensitivity import Ranking, Sensitivity, cached_sensitivity, leave_one_float, sensitivity_table
 from tuner.study.space import free_nodes, load_space
 from tuner.study.storage import StudyPaths
 from tuner.study.warmstart import node_sensitivity, reference_calibration
@@ -43,6 +45,8 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
     shared = None
     if is_space(raw):
         space = load_space(path)
+        if (metric or space.objective.accuracy) == space.objective.accuracy:   # the gains go to the study's cache
+            check_writable(Path(results_dir) / (study or space.name), "the sensitivity ranking")
         ws = Workspace.for_space(space, data=data, limit=limit, march=march, threads=threads,
                                  progress=progress("calibration statistics"))
         b = ws.base_candidate()
@@ -63,7 +67,21 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
     runs = []
     for label, cal in ([(t.strip(), c) for t, c in zip(specs, cals)] or [("", base.calibration)]):
         cand = base.with_calibration(cal)
+        use = gains if cal == base.calibration else None
+        if use is None:     # kept in the cache folder as it goes: a stopped run continues there
+            use = _cached_gains(ws, cand, nodes, metric, progress(f"leave-one-float {label}".rstrip()))
         rows = sensitivity_table(ws.simulator, cand, nodes, metric, progress(f"node sensitivity {label}".rstrip()),
-                                 gains=gains if cal == base.calibration else None)
+                                 gains=use)
         runs.append(Ranking(label or cal.describe(), ws.simulator.resolve(cand)[0], rows))
     return Sensitivity(metric, runs, shared)
+
+
+def _cached_gains(ws: Workspace, cand: Candidate, nodes: list[str], metric: str,
+                  progress: Progress | None) -> dict[str, float]:
+    """Leave-one-float gains of a YAML's nodes, in ``<cache>/sensitivity/`` keyed by everything they
+    depend on, written partial as they are computed (Ctrl-C keeps the finished nodes)."""
+    key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(), cand.key(),
+                    metric, ws.target.march, ",".join(nodes)])
+    path = cache_dir() / "sensitivity" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    return cached_sensitivity(path, key, lambda done, save: leave_one_float(ws.simulator, cand, nodes, metric,
+                                                                           progress, done, save))

@@ -12,6 +12,7 @@ alone is quantized (everything else float), in int8 and, where the march allows,
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,34 +22,67 @@ from tuner.files import write_atomic
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Resolved, Simulator
 
+#: Seconds between writes of a partial ranking (a run killed with kill -9 loses at most this much).
+SAVE_EVERY_S = 5.0
+
+Partial = Callable[[dict[str, float]], None]
+
 
 def leave_one_float(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
-                    progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
-    """accuracy(node on CPU) - accuracy(base), per node. Larger means more sensitive."""
+                    progress: Callable[[int, int], None] | None = None, done: dict[str, float] | None = None,
+                    save: Partial | None = None) -> dict[str, float]:
+    """accuracy(node on CPU) - accuracy(base), per node. Larger means more sensitive.
+
+    ``done``: gains already computed (a stopped run's), not recomputed. ``save(partial)`` is called
+    every :data:`SAVE_EVERY_S` seconds and when the loop is interrupted (Ctrl-C), so the finished
+    part survives and the next run continues where this one stopped."""
+    out = {n: float(v) for n, v in (done or {}).items() if n in set(nodes)}
+    todo = [n for n in nodes if n not in out]
+    if not todo:
+        return {n: out[n] for n in nodes}
     first = sim.evaluate(base)
     ref = accuracy(first.outputs, metric, first.task)
-    out = {}
-    for i, name in enumerate(nodes):
-        settings = dict(base.nodes)
-        settings[name] = NodeSetting(on="CPU")
-        cand = Candidate.make(base.calibration, settings, base.optimization)
-        ev = sim.evaluate(cand)
-        out[name] = accuracy(ev.outputs, metric, ev.task) - ref
-        if progress:
-            progress(i + 1, len(nodes))
-    return out
+    last = time.monotonic()
+    try:
+        for name in todo:
+            settings = dict(base.nodes)
+            settings[name] = NodeSetting(on="CPU")
+            cand = Candidate.make(base.calibration, settings, base.optimization)
+            ev = sim.evaluate(cand)
+            out[name] = accuracy(ev.outputs, metric, ev.task) - ref
+            if progress:
+                progress(len(out), len(nodes))
+            if save is not None and time.monotonic() - last >= SAVE_EVERY_S:
+                save(dict(out))
+                last = time.monotonic()
+    except BaseException:
+        if save is not None and out:
+            save(dict(out))
+        raise
+    return {n: out[n] for n in nodes}
 
 
-def cached_sensitivity(path: Path, key: str, compute: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """Read ``path`` when it was computed for ``key``, else compute and write it atomically."""
+def cached_sensitivity(path: Path, key: str,
+                       compute: Callable[[dict[str, float], Partial], dict[str, float]]) -> dict[str, float]:
+    """Read ``path`` when it was computed for ``key``, else ``compute(done, save)`` and write it
+    atomically. A partial file (``"partial": true``, written by ``save`` as the computation goes
+    and when it is interrupted) for the same ``key`` hands its finished nodes to ``compute``."""
+    done: dict[str, float] = {}
     if path.is_file():
         try:
             data = json.loads(path.read_text())
             if data.get("key") == key:
-                return {k: float(v) for k, v in data["sensitivity"].items()}
+                values = {k: float(v) for k, v in data["sensitivity"].items()}
+                if not data.get("partial"):
+                    return values
+                done = values
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
-    values = compute()
+
+    def save(partial: dict[str, float]) -> None:
+        write_atomic(path, json.dumps({"key": key, "partial": True, "sensitivity": partial}, indent=1))
+
+    values = compute(done, save)
     write_atomic(path, json.dumps({"key": key, "sensitivity": values}, indent=1))
     return values
 

@@ -22,6 +22,7 @@ from tuner.inputs.data import DataSet, dataset_from_config
 from tuner.inputs.model import LoadedModel, load_model
 from tuner.metrics.task import LabelSet, MetricSpec
 from tuner.simulate import Simulator
+from tuner.simulate.plan import check_node_names
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Workspace:
         ev = dataset_from_config(config.inputs, model.input_shapes, folders=data, limit=limit) if data else cal
         if limit and not data:
             ev = dataset_from_config(config.inputs, model.input_shapes, limit=limit)
+        check_node_names(graph, Candidate.from_config(config, node_info_supported=target.raw.get("node_info", True)
+                                                      is not False))   # before the statistics pass
         tensors = graph.activation_tensors()
         stats, from_cache, stats_path = cached_statistics(model, cal, tensors, threads, progress)
         warnings = list(config.warnings) + list(model.warnings)

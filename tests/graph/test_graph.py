@@ -41,7 +41,7 @@ def test_fusion_groups_follow_the_target_patterns():
 
 def test_unknown_node_names_suggest_close_matches():
     graph = Graph(build_tiny_model())
-    with pytest.raises(TunerError, match="similar: /stem/Conv"):
+    with pytest.raises(TunerError, match="did you mean '/stem/Conv'"):
         graph.node("stem/Conv")
 
 

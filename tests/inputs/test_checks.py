@@ -180,9 +180,17 @@ def test_unnormalized_pixels_without_preprocess(tmp_path):
     ok = check_data(write_project(tmp_path / "b", pixels(25), type_train="rgb", cal_type="uint8",
                                   norm="data_scale", scale="0.003921568627451"))
     assert not by_code(ok, "unnormalized_image") and not by_code(ok, "double_normalization")
-    # and featuremap inputs are not images
+    # a featuremap input of 0..255 integers is flagged too (it gets no normalization at all)
     fm = check_data(write_project(tmp_path / "c", [p.astype(np.float32) for p in pixels(25)]))
-    assert not by_code(fm, "unnormalized_image")
+    (f,) = by_code(fm, "unnormalized_image")
+    assert "(featuremap) holds integers 0..255, like 0..255 pixels" in f.message
+    assert "write the files normalized as in training" in f.message and fm.exit_code() == 1
+    # small integer features (a 0/1 mask, class ids) and normalized floats are not pixels
+    rng = np.random.default_rng(1)
+    ids = check_data(write_project(tmp_path / "d", [rng.integers(0, 10, SHAPE).astype(np.float32) for _ in range(25)]))
+    assert not by_code(ids, "unnormalized_image")
+    norm = check_data(write_project(tmp_path / "e", [p.astype(np.float32) / 255 for p in pixels(25)]))
+    assert not by_code(norm, "unnormalized_image")
 
 
 def test_double_normalization(tmp_path):

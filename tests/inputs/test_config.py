@@ -35,6 +35,14 @@ def test_reads_the_example_fields(tiny_project):
     ("  node_info: {}", "  node_info: {'/stem/Conv': {'InputType': 'int4'}}", "must be 'int8' or 'int16'"),
     ("  calibration_type: 'max'", "  calibration_type: 'max'\n  max_percentile: 1.5", "max_percentile must be in"),
     ("compiler_parameters:", "extra_params:\n  a: 1\ncompiler_parameters:", "unknown section 'extra_params'"),
+    ("  per_channel: False", "  per_channel: False\n  optimization: set_all_node_int16",
+     "unknown option 'set_all_node_int16'; did you mean 'set_all_nodes_int16'?"),
+    ("  per_channel: False", "  per_channel: False\n  optimization: 'set_Softmax_input_int8,set_Softmax_ouput_int8'",
+     "unknown option 'set_Softmax_ouput_int8'; did you mean 'set_Softmax_output_int8'?"),
+    ("  march: 'bayes-e'", "  march: 'bayes-e'\n  run_on_cpu: '/gate/Where'",
+     "model_parameters.run_on_cpu: run_on_cpu belongs in calibration_parameters, not model_parameters"),
+    ("  march: 'bayes-e'", "  march: 'bayes-e'\n  run_on_bpu: '/gate/Where'",
+     "run_on_bpu belongs in calibration_parameters"),
 ])
 def test_bad_keys_are_named(tiny_project, old, new, fragment):
     text = tiny_project.read_text()
@@ -102,3 +110,33 @@ def test_multi_input_lists_are_checked_per_input(tiny_project):
     tiny_project.write_text(text.replace("'featuremap;featuremap'", "'featuremap;featmap'", 1))
     with pytest.raises(TunerError, match="'featmap' is not one of"):
         load_config(tiny_project)
+
+
+def test_valid_optimization_options_pass(tiny_project):
+    text = tiny_project.read_text().replace("  per_channel: False", "  per_channel: False\n  optimization: "
+                                            "'set_all_nodes_int16,set_Conv_input_int16;set_Mul_output_int16'")
+    tiny_project.write_text(text)
+    assert load_config(tiny_project).optimization == ("set_all_nodes_int16", "set_Conv_input_int16",
+                                                      "set_Mul_output_int16")
+
+
+@pytest.mark.parametrize("old,new,lines", [
+    ("  calibration_type: 'max'", "  calibration_type: 'max'\n  calibration_type: 'kl'", (18, 19)),
+    ("  node_info: {}", "  node_info:\n    '/stem/Conv': {'ON': 'CPU'}\n    '/res/Conv': {'ON': 'CPU'}\n"
+                        "    '/stem/Conv': {'InputType': 'int16'}", (7, 9)),
+])
+def test_duplicate_keys_name_both_lines(tiny_project, old, new, lines):
+    text = tiny_project.read_text()
+    assert old in text
+    tiny_project.write_text(text.replace(old, new, 1))
+    with pytest.raises(TunerError) as err:
+        load_config(tiny_project)
+    assert f"given twice in one mapping, at line {lines[0]} and line {lines[1]}" in str(err.value)
+
+
+def test_duplicate_keys_in_a_space_file(tiny_project):
+    from tuner.study.space import load_space
+    space = tiny_project.parent / "space.yaml"
+    space.write_text(f"base: {tiny_project.name}\nstudy: s\nstudy: t\n")
+    with pytest.raises(TunerError, match="key 'study' is given twice in one mapping, at line 2 and line 3"):
+        load_space(space)

@@ -29,6 +29,13 @@ def test_wrong_size_names_the_file_and_the_fitting_dtype(tmp_path):
         DataSet([spec(tmp_path)])
 
 
+def test_float64_files_are_named_as_such(tmp_path):
+    np.zeros(SHAPE, np.float64).tofile(tmp_path / "f64.bin")
+    with pytest.raises(TunerError, match=r"f64.bin: 480 bytes.*needs 240 bytes; exactly twice the float32 size: the "
+                                         r"files look like float64.*arr.astype\(np.float32\).tofile"):
+        DataSet([spec(tmp_path)])
+
+
 def test_image_in_folder_is_named(tmp_path):
     np.zeros(SHAPE, np.float32).tofile(tmp_path / "0.bin")
     (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8\xff\xe0" + b"\x00" * 300)

@@ -71,3 +71,39 @@ def test_constants_become_initializers(tmp_path):
     model = load_model(_dynamic_model(tmp_path, constant=True), {"x": (1, 2, 4, 4)})
     assert "k" in {t.name for t in model.proto.graph.initializer}
     assert all(n.op_type != "Constant" for n in model.proto.graph.node)
+
+
+def _static_model(tmp_path, dims):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])
+    m.ir_version = 7
+    p = tmp_path / "static.onnx"
+    onnx.save(m, str(p))
+    return p
+
+
+def test_input_shape_must_match_static_dims(tmp_path):
+    p = _static_model(tmp_path, [1, 3, 256, 320])
+    with pytest.raises(TunerError, match=r"input_shape 1x3x320x256 does not match input 'x'.s static shape "
+                                         r"1x3x256x320 \(dimension 2, 3\)"):
+        load_model(p, {"x": (1, 3, 320, 256)})
+    assert load_model(p, {"x": (1, 3, 256, 320)}).input_shapes == {"x": (1, 3, 256, 320)}
+    # a dynamic dimension may take any value, the static ones must match
+    p = _static_model(tmp_path, ["N", 3, 256, "W"])
+    assert load_model(p, {"x": (4, 3, 256, 100)}).input_shapes == {"x": (4, 3, 256, 100)}
+    with pytest.raises(TunerError, match=r"static shape Nx3x256xN|static shape \?x3x256x\?"):
+        load_model(p, {"x": (4, 3, 255, 100)})
+
+
+def test_git_lfs_pointer_and_truncated_models_are_named(tmp_path):
+    p = tmp_path / "model.onnx"
+    p.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 23847291\n")
+    with pytest.raises(TunerError, match=r"model.onnx: a Git LFS pointer \(\d+ bytes\), not the model; .*git lfs pull"):
+        load_model(p)
+    whole = _static_model(tmp_path, [1, 3, 8, 8]).read_bytes()
+    for cut in (len(whole) // 2, len(whole) - 1):
+        p.write_bytes(whole[:cut])
+        with pytest.raises(TunerError, match=rf"model.onnx: a truncated or damaged ONNX file \({cut} bytes"):
+            load_model(p)

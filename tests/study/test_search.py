@@ -190,6 +190,8 @@ def test_export_keeps_the_users_keys_and_eval_reproduces_the_trial(tmp_path):
         assert ev["outputs"][name]["cosine"] == pytest.approx(metrics["cosine"], abs=1e-9)
     # refusing to overwrite the input YAML
     r = cli("export", "tiny", "--out", base, cwd=tmp_path)
+    assert r.returncode == 2 and "the file exists; tuner does not replace it unless you pass --force" in r.stderr
+    r = cli("export", "tiny", "--out", base, "--force", cwd=tmp_path)
     assert r.returncode == 2 and "refusing to overwrite your input YAML" in r.stderr
     assert base.read_bytes() == before
 
@@ -313,12 +315,12 @@ def test_each_trial_records_its_worker_once_when_it_is_created(tmp_path):
 
 
 def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_path, monkeypatch):
-    """No trial meets min_accuracy 2.0, so the front stays empty: after the first write, an
+    """No trial meets max_latency_ms 1e-9, so the front stays empty: after the first write, an
     infeasible trial returns the last result without reading the study, as a dominated one does."""
     from tuner.study import results
 
     space = write_tiny_space(tmp_path)
-    space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  min_accuracy: 2.0\n"))
+    space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  max_latency_ms: 0.000000001\n"))
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=4, timeout=None, jobs=1, seed=0, progress=False)
     reads = []
@@ -328,3 +330,31 @@ def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_pat
     assert reads == []
     search.write_results(study, force=True)
     assert len(reads) == 1
+
+
+def test_trials_csv_keeps_up_while_the_front_does_not_change(tmp_path, monkeypatch):
+    """An infeasible study never changes its front; trials.csv still follows the study within
+    CSV_EVERY_TRIALS trials (or CSV_EVERY_S seconds), so a kill -9 leaves it nearly complete."""
+    import csv
+
+    from tuner.study import outputs
+
+    space = write_tiny_space(tmp_path)
+    space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  max_latency_ms: 0.000000001\n"))
+    search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
+    study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=0, progress=False)
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    assert len(done) == 12
+    csv_path = search.paths.trials_csv
+
+    def n_rows():
+        return len(list(csv.reader(csv_path.open()))) - 1 if csv_path.exists() else None
+
+    csv_path.unlink()
+    for i, t in enumerate(done):
+        search.write_results(study, trial=t)
+        assert n_rows() == (12 if i + 1 >= outputs.CSV_EVERY_TRIALS else None)   # the 10th trial rewrites it
+    csv_path.unlink()
+    monkeypatch.setattr(outputs, "CSV_EVERY_S", 0.0)     # as if 30 s had passed since the last write
+    search.write_results(study, trial=done[-1])
+    assert n_rows() == 12

@@ -49,6 +49,12 @@ def test_the_sections_are_typed_values_of_the_merged_file(tmp_path):
     ("mode: pareto=>mode: fastest", "objectives.mode: must be one of"),
     ("objectives:\n  accuracy: f1\n", "objectives.accuracy: expected mean_cosine"),
     ("study:\n  timeout: soon\n", "study.timeout: expected seconds or a duration"),
+    ("mode: pareto=>mode: latency\n  min_accuracy: 99.9",
+     "objectives.min_accuracy: 99.9 is outside mean_cosine's range [-1, 1] (for 99.9% write 0.999)"),
+    ("mode: pareto=>mode: accuracy\n  accuracy: 'cosine:seg'\n  min_accuracy: -2",
+     "objectives.min_accuracy: -2 is outside cosine:seg's range [-1, 1]; no trial could meet it"),
+    ("mode: pareto=>mode: accuracy\n  accuracy: 'miou:seg'\n  min_accuracy: 1.5",
+     "objectives.min_accuracy: 1.5 is outside miou:seg's range [0, 1]"),
 ])
 def test_bad_space_files_name_the_key(tmp_path, extra, fragment):
     path = write_tiny_space(tmp_path)
@@ -162,3 +168,12 @@ def test_the_search_offers_int16_convs_on_bayes_e(tmp_path, graph):
     r = resolve(space, graph, load_target("bayes-e"), Candidate.make(Calibration("max")))
     cand = r.candidate({"node:/stem/Conv": "BPU:int16"})
     assert make_plan(graph, r.target, cand).edges[("/stem/Conv", 0)] == ("x", "int16")
+
+
+def test_min_accuracy_in_range_and_unbounded_sqnr_pass(tmp_path):
+    path = write_tiny_space(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("mode: pareto", "mode: latency\n  min_accuracy: 0.999"))
+    assert load_space(path).objective.min_accuracy == 0.999
+    path.write_text(text.replace("mode: pareto", "mode: latency\n  accuracy: mean_sqnr\n  min_accuracy: 35"))
+    assert load_space(path).objective.min_accuracy == 35

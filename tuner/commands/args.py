@@ -4,9 +4,52 @@ word the help for its own use."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 Parser = argparse.ArgumentParser
+
+
+def _count(minimum: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+    parse.__name__ = what       # argparse names the type in its messages
+    return parse
+
+
+#: argparse types: a count of at least 1 / at least 0 (argparse exits with code 2 on a bad value)
+positive_int = _count(1, "a positive integer")
+count = _count(0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def duration_text(text: str) -> str:
+    """``--timeout``: checked as the space file's ``study.timeout`` is (3600, 90s, 30m, 8h, 1d), kept as given."""
+    from tuner.errors import TunerError
+    from tuner.study.sections import parse_duration
+
+    try:
+        seconds = parse_duration(text, "--timeout")
+    except TunerError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--timeout: ")) from None
+    if not seconds:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return text
 
 
 def config(p: Parser, help: str = "the hb_mapper makertbin YAML") -> None:
@@ -27,7 +70,7 @@ def data_dirs(text: str | None) -> list[Path] | None:
 
 
 def limit(p: Parser, help: str = "use at most this many evaluation samples") -> None:
-    p.add_argument("--limit", type=int, help=help)
+    p.add_argument("--limit", type=positive_int, help=help)
 
 
 def march(p: Parser, help: str = "override model_parameters.march (bayes-e, ...)") -> None:
@@ -35,7 +78,7 @@ def march(p: Parser, help: str = "override model_parameters.march (bayes-e, ...)
 
 
 def threads(p: Parser, help: str = "evaluation threads (default: all cores)") -> None:
-    p.add_argument("--threads", type=int, help=help)
+    p.add_argument("--threads", type=positive_int, help=help)
 
 
 def json_output(p: Parser, help: str = "print the result as JSON") -> None:
@@ -51,11 +94,11 @@ def results_dir(p: Parser, help: str = "where study folders are (default: result
 
 
 def timeout(p: Parser, help: str = "stop after this long (seconds, or 30m, 8h)") -> None:
-    p.add_argument("--timeout", help=help)
+    p.add_argument("--timeout", type=duration_text, help=help)
 
 
 def n_trials(p: Parser, help: str) -> None:
-    p.add_argument("--n-trials", type=int, help=help)
+    p.add_argument("--n-trials", type=count, help=help)
 
 
 def no_feedback(p: Parser, help: str = "do not add the real values to the study") -> None:
@@ -75,9 +118,9 @@ def simulation(p: Parser) -> None:
 
 def workers(p: Parser) -> None:
     """How workers survive each other's death."""
-    p.add_argument("--max-retry", type=int, default=1, help="times a trial left running by a killed worker is "
+    p.add_argument("--max-retry", type=count, default=1, help="times a trial left running by a killed worker is "
                                                             "re-run (default 1; 0: never)")
-    p.add_argument("--heartbeat", type=float, help="database storages: seconds between a worker's heartbeats; a "
+    p.add_argument("--heartbeat", type=positive_float, help="database storages: seconds between a worker's heartbeats; a "
                                                    "trial silent for 3 heartbeats is failed (default 20)")
 
 

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study", help="study name (default: study.name in the space, else the file name)")
     a.n_trials(p, "run until the study holds this many completed trials")
     a.timeout(p)
-    p.add_argument("--jobs", type=int, default=1, help="worker processes on this machine (default 1)")
+    p.add_argument("--jobs", type=a.positive_int, default=1, help="worker processes on this machine (default 1)")
     a.storage(p, "Optuna storage URL (default: a journal file in results/<study>/)")
     p.add_argument("--seed", type=int, help="sampler seed (default: study.seed in the space)")
     a.threads(p, "evaluation threads per worker (default: all cores)")
@@ -52,7 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.results_dir(p)
         if name == "export":
             p.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
-            p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml)")
+            p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml); an existing file "
+                                         "is refused without --force")
+            p.add_argument("--force", action="store_true", help="overwrite an existing --out file (never the "
+                                                                "study's base YAML)")
             p.add_argument("--by", choices=("simulated", "real"), default="simulated",
                            help="pick the best by the simulated figure (default) or by the real one 'tuner verify' "
                                 "stored")
@@ -81,6 +84,8 @@ def search(args: argparse.Namespace) -> int:
     # During set-up Ctrl-C interrupts at once (a process started in the background inherits
     # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    from tuner.study.session import preflight
+    preflight(args.space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
     if not _data_ok(args.space):
         return 2
     search = StudySession.open(args.space, args.study, args.storage, args.results_dir, args.threads)
@@ -234,11 +239,19 @@ def status(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
+    from tuner.files import check_writable
     from tuner.study.outputs import export_trial
     from tuner.study.results import best, rows
     from tuner.study.storage import open_existing, study_info
     from tuner.toolchain.verify import best_real
 
+    if args.out:
+        if Path(args.out).is_dir():
+            raise TunerError(f"--out {args.out}: is a folder; name the YAML file to write")
+        if Path(args.out).exists() and not args.force:
+            raise TunerError(f"--out {args.out}: the file exists; tuner does not replace it unless you pass --force "
+                             "(or choose another --out)")
+        check_writable(Path(args.out).parent, "the exported YAML")
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     info = study_info(study)
     rs = rows(study)

@@ -23,17 +23,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "per-channel (e.g. max,kl,max:0.99995+pc)")
     p.add_argument("--study", help="with a space: the study whose cache to use (default: the space's name)")
     a.results_dir(p, "with a space: where study folders are")
-    p.add_argument("--top", type=int, help="show only the N most sensitive nodes")
+    p.add_argument("--top", type=a.positive_int, help="show only the N most sensitive nodes")
     p.add_argument("--csv", help="write every row to this CSV file")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tuner.console import progress_printer, say
-    from tuner.files import write_atomic
+    from tuner.files import check_writable, write_atomic
     from tuner.rank import rank
     from tuner.report import sensitivity as report
 
+    if args.csv:
+        check_writable(Path(args.csv).parent, "the CSV file")
     result = rank(args.config, (args.calibration or "").split(","), args.metric, a.data_dirs(args.data), args.limit,
                   args.march, args.threads, args.study, args.results_dir, progress=progress_printer, say=say)
     if args.csv:

@@ -191,7 +191,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.study(p)
     p.add_argument("--command", required=True,
                    help="e.g. 'hb_mapper makertbin --config {yaml} --model-type onnx' or 'python board_eval.py {yaml}'")
-    p.add_argument("--top", type=int, help="the K best trials (default: the whole Pareto front)")
+    p.add_argument("--top", type=a.positive_int, help="the K best trials (default: the whole Pareto front)")
     p.add_argument("--trials", help="these trial numbers, e.g. 12,40")
     a.timeout(p, "per trial (seconds, or 30m, 2h); the command is killed after it")
     p.add_argument("--log-name", default="hb_mapper_makertbin.log",

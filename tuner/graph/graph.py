@@ -160,6 +160,20 @@ class Graph:
             if removed is not None:
                 raise TunerError(f"node {name!r} ({removed.op_type}) is not in the graph hb_mapper calibrates: "
                                  f"{removed.reason} by its optimizer; drop it from node_info") from None
-            close = [n for n in self.by_name if name.lower() in n.lower()][:3]
-            hint = f"; similar: {', '.join(close)}" if close else ""
-            raise TunerError(f"node {name!r} is not in the model{hint}. node_info keys are node names of the input ONNX") from None
+            raise TunerError(f"node {name!r} is not in the model{self._name_hint(name)}. node_info keys are node "
+                             "names of the input ONNX; 'tuner nodes CONFIG.yaml' lists them") from None
+
+    def _name_hint(self, name: str) -> str:
+        """Did-you-mean (substring, else difflib) and, for a name from another model (``Conv_170``),
+        examples of this model's names, of the same op type where the name says one."""
+        import difflib
+        import re
+
+        close = [n for n in self.by_name if name.lower() in n.lower()][:3]
+        close = close or difflib.get_close_matches(name, list(self.by_name), n=3, cutoff=0.6)
+        if close:
+            return f" (did you mean {' or '.join(repr(n) for n in close)}?)"
+        ops = {n.op_type for n in self.nodes}
+        op = next((w for w in re.findall(r"[A-Za-z]+", name) if w in ops), None)
+        examples = [n.name for n in self.nodes if op is None or n.op_type == op][:3]
+        return f" (this model names its {op + ' ' if op else ''}nodes like {', '.join(map(repr, examples))})"

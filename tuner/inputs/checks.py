@@ -50,6 +50,7 @@ FEW_SAMPLES_WARNING = 20      # below: warning (a 5%-frequent condition is misse
 RECOMMENDED_SAMPLES = 100     # below: info (hb_mapper docs: ~100 representative images)
 RANGE_RATIO = 30.0            # channel max|x| ratio within one input that crushes the small channels
 NORMALIZED_LIMIT = 3.0        # raw |x| <= this and non-integer: the files look already normalised
+FEATUREMAP_PIXEL_MIN = 32.0    # a featuremap's integer max above this (and <= 255) looks like pixels, not a mask or ids
 PIXEL_MIN_MAX = 2.0           # raw max above this, integer-valued, >= 0: looks like 0..255 pixels
 NEAR_DUPLICATE_RMS = 0.005    # RMS difference of the coarse signatures, in units of channel range
 SIGNATURE_GRID = 8            # coarse signature: per channel, an 8x8 grid of block means ...
@@ -410,6 +411,13 @@ def _channel_findings(data: InputData, spec: InputSpec, acc: _Acc, samples: int,
                            "trained on normalized input, keep the files 0..255 and set norm_type: "
                            "data_mean_and_scale with mean_value/scale_value (ImageNet: 123.675 116.28 103.53 / "
                            "0.01712475 0.017507 0.01742919; /255 only: data_scale, 0.003921568627451)"))
+    if (spec.type_train == "featuremap" and spec.norm_type == "no_preprocess" and raw_int and raw_lo >= 0
+            and FEATUREMAP_PIXEL_MIN < raw_hi <= 255):
+        out.append(Finding(WARNING, "unnormalized_image", name, None,
+                           f"input {name!r} (featuremap) holds integers {raw_lo:g}..{raw_hi:g}, like 0..255 pixels, "
+                           "and a featuremap input gets no normalization (norm_type no_preprocess), so the model "
+                           "sees them as they are: if it was trained on normalized images, write the files "
+                           "normalized as in training, as float32 ('tuner make-cal-data --preprocess')"))
     if (spec.norm_type != "no_preprocess" and max(abs(raw_lo), abs(raw_hi)) <= NORMALIZED_LIMIT and not raw_int):
         seen_lo, seen_hi = float(acc.min.min()), float(acc.max.max())
         out.append(Finding(WARNING, "double_normalization", name, None,

@@ -196,12 +196,61 @@ def _shape(where: str, text: str) -> tuple[int, ...] | None:
     return dims
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    pass
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, tuple[int, int]] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:       # an unhashable key: the base class reports it
+                    continue
+                at = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                if first is not None:
+                    where = (f"line {first[0]} and line {at[0]}" if first[0] != at[0] else
+                             f"line {at[0]}, columns {first[1]} and {at[1]}")
+                    raise DuplicateKeyError(f"key {key!r} is given twice in one mapping, at {where} (YAML keeps "
+                                            "only the last); remove or merge one of them")
+                seen[key] = at
+        return super().construct_mapping(node, deep=deep)
+
+
+
+OPTIMIZATIONS = ("set_model_output_int8", "set_model_output_int16", "set_all_nodes_int16",
+                 "set_Softmax_input_int8", "set_Softmax_output_int8", "set_Softmax_input_int16",
+                 "set_Softmax_output_int16", "asymmetric", "bias_correction", "lstm_batch_last", "run_fast")
+_OPTYPE_OPTION = re.compile(r"set_[A-Z][A-Za-z0-9]*_(input|output)_int(8|16)")
+
+
+def _check_optimization(path: Path, option: str) -> None:
+    """hb_mapper's parser passes optimization through; horizon_nn fails on an unknown option at build time
+    (hb_mapper_config.md §6.3): refuse it here, with a did-you-mean."""
+    if option in OPTIMIZATIONS or _OPTYPE_OPTION.fullmatch(option):
+        return
+    close = difflib.get_close_matches(option, OPTIMIZATIONS, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise TunerError(f"{path}: calibration_parameters.optimization: unknown option {option!r}; {hint}valid: "
+                     f"{', '.join(OPTIMIZATIONS[:3])}, set_<OpType>_input_int8/int16, set_<OpType>_output_int8/int16, "
+                     "asymmetric, bias_correction, lstm_batch_last")
+
+
 def read_yaml(path: Path, what: str, missing_hint: str = "") -> Any:
     """``yaml.safe_load`` of a user file, every failure as one TunerError naming the file."""
     if not path.is_file():
         raise TunerError(f"{path}: no such file{missing_hint}")
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
+    except DuplicateKeyError as exc:
+        raise TunerError(f"{path}: {exc}") from None
     except UnicodeDecodeError:
         raise TunerError(f"{path}: not a text file; pass {what}") from None
     except yaml.YAMLError as exc:
@@ -233,6 +282,10 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
         for key, value in body.items():
             where = f"{section}.{key}"
             if key not in SCHEMA[section]:
+                home = [other for other in SCHEMA if other != section and key in SCHEMA[other]]
+                if home:
+                    raise TunerError(f"{path}: {where}: {key} belongs in {home[0]}, not {section}; move it there "
+                                     "(hb_mapper rejects keys outside their section)")
                 close = difflib.get_close_matches(str(key), list(SCHEMA[section]), n=1, cutoff=0.75)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise TunerError(f"{path}: {where}: unknown key{hint}; hb_mapper rejects keys outside its schema")
@@ -351,6 +404,8 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
     if pct is not None and not 0.0 < float(pct) <= 1.0:
         raise TunerError(f"{path}: calibration_parameters.max_percentile must be in (0, 1], got {pct}")
     optimization = tuple(o.strip() for o in re.split(r"[,;]", cp.get("optimization") or "") if o.strip())
+    for option in optimization:
+        _check_optimization(path, option)
     assert onnx_model is not None   # checked above
     return HbConfig(path=path, raw=raw, onnx_model=onnx_model, march=mp["march"], inputs=inputs,
                     node_info=node_info, calibration_type=calibration_type,

@@ -143,6 +143,10 @@ class DataSet:
         if size != expected:
             alt = [t for t, d in DTYPES.items() if int(np.prod(spec.shape)) * np.dtype(d).itemsize == size]
             hint = f"; its size fits cal_data_type {alt[0]!r}" if alt else ""
+            if not alt and spec.dtype == "float32" and size == 2 * expected:
+                hint = ("; exactly twice the float32 size: the files look like float64 (numpy's default), which "
+                        "hb_mapper cannot read (no cal_data_type float64): write them with "
+                        "arr.astype(np.float32).tofile(path)")
             raise TunerError(f"{path}: {size} bytes, but input {spec.name!r} of shape {'x'.join(map(str, spec.shape))} "
                              f"in {spec.dtype} needs {expected} bytes{hint}")
 

@@ -65,6 +65,20 @@ def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
+def _check_static_dims(path: Path, vi: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
+    """A static dimension of the model's input must equal input_shape's (hb_mapper refuses otherwise);
+    a dynamic one (a symbol, or no value) may take any value."""
+    model_dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                  for d in vi.type.tensor_type.shape.dim]
+    bad = [i for i, (m, s) in enumerate(zip(model_dims, shape)) if m is not None and m != s]
+    if bad:
+        model_txt = "x".join("?" if m is None else str(m) for m in model_dims)
+        raise TunerError(f"{path}: input_shape {'x'.join(map(str, shape))} does not match input {vi.name!r}'s "
+                         f"static shape {model_txt} (dimension {', '.join(map(str, bad))}); hb_mapper refuses "
+                         f"this: set input_parameters.input_shape to {model_txt.replace('?', 'N')} "
+                         "(only dynamic dimensions may change) or re-export the model with that input size")
+
+
 def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
                max_opset: int | None = None, max_ir: int | None = None, hb_optimize: bool = True) -> LoadedModel:
     """Load ``path`` and prepare it. ``input_shapes`` overrides the model's (YAML input_shape).
@@ -77,9 +91,17 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if not path.is_file():
         raise TunerError(f"{path}: model file not found; check model_parameters.onnx_model "
                          "(relative paths are resolved against the YAML's folder)")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head.startswith(b"version https://git-lfs"):
+        raise TunerError(f"{path}: a Git LFS pointer ({path.stat().st_size} bytes), not the model; fetch the file "
+                         "itself with 'git lfs pull' (or download the model again)")
     try:
         proto = onnx.load(str(path))
     except Exception as exc:  # onnx raises DecodeError, google.protobuf errors, ...
+        if head[:1] == b"\x08":  # ModelProto starts with its ir_version field: the file is cut or damaged
+            raise TunerError(f"{path}: a truncated or damaged ONNX file ({path.stat().st_size} bytes; "
+                             f"{type(exc).__name__}); copy or download the model again") from None
         raise TunerError(f"{path}: not an ONNX model ({type(exc).__name__}); export the float model to ONNX first") from None
     if len(proto.graph.node) == 0:
         raise TunerError(f"{path}: not an ONNX model (no graph nodes); export the float model to ONNX first")
@@ -114,6 +136,8 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
         if model_rank and len(shape) != model_rank:
             raise TunerError(f"{path}: input_shape {'x'.join(map(str, shape))} has rank {len(shape)} but input "
                              f"{vi.name!r} has rank {model_rank}")
+        if model_rank:
+            _check_static_dims(path, vi, tuple(shape))
         shapes[vi.name] = tuple(shape)
         tt = vi.type.tensor_type
         tt.ClearField("shape")

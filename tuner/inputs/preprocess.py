@@ -23,7 +23,7 @@ from typing import Any, cast
 import numpy as np
 
 from tuner.errors import TunerError
-from tuner.files import write_atomic
+from tuner.files import check_writable, write_atomic
 from tuner.inputs.config import HbConfig, load_config
 from tuner.inputs.data import DTYPES, InputData, input_data
 from tuner.inputs.images import yaml_preprocess
@@ -196,6 +196,7 @@ def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str |
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise TunerError(f"{out}: exists and is not a folder; --out needs a folder")
+    check_writable(out, "the calibration files")
     targets = [out / n for n in cal_file_names(files)]
     if out.is_dir():
         wanted = {t.name for t in targets}

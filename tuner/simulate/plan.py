@@ -87,6 +87,12 @@ def hb_candidate(graph: Graph, candidate: Candidate) -> tuple[Candidate, list[st
     return Candidate.make(candidate.calibration, nodes, candidate.optimization), notes
 
 
+def check_node_names(graph: Graph, candidate: Candidate) -> None:
+    """Every node_info name is a node of the graph (or one the optimizer replaced): the one-line error
+    with close matches, cheap enough to run before the statistics pass."""
+    _check_names(graph, hb_candidate(graph, candidate)[0])
+
+
 def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     candidate, notes = hb_candidate(graph, candidate)
     _check_names(graph, candidate)

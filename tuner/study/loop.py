@@ -26,6 +26,7 @@ import optuna
 from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.console import LineProgress
 from tuner.study.orphans import reap, stale_enabled, unverifiable
 from tuner.study.outputs import Output
 from tuner.study.sections import parse_duration
@@ -57,6 +58,7 @@ class RunInfo(TypedDict):
     interrupted: bool           # Ctrl-C / SIGTERM
     failed: NotRequired[int]    # trials that failed in this run
     stopped: NotRequired[str]   # why the run stopped early (failed trials in a row)
+    best_text: NotRequired[str]  # the best trial so far, for the progress bar and lines
 
 
 def duration(text: Any) -> float | None:
@@ -78,6 +80,7 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     info: RunInfo = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
     bar = _progress(n_trials, done, timeout) if progress else None
+    lines = LineProgress("trials", n_trials, done) if bar is not None and bar.disable else None   # not a TTY
 
     def on_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state == TrialState.COMPLETE:
@@ -86,8 +89,13 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
                 best = out.after_trial(st, trial) or best
             if bar is not None:
                 bar.update(1)
-                if best is not None:
-                    bar.set_postfix_str(f"best #{best.number}: acc {best.accuracy:.4f}, {best.latency_ms:.3f} ms")
+            if best is not None:
+                info["best_text"] = f"best #{best.number}: acc {best.accuracy:.4f}, {best.latency_ms:.3f} ms"
+                if bar is not None:
+                    bar.set_postfix_str(info["best_text"])
+            if lines is not None and lines.due():
+                completed = len(st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+                lines(min(completed, n_trials), extra=str(info.get("best_text", "")))
         elif trial.state == TrialState.FAIL:
             info["failed"] = info.get("failed", 0) + 1
             if "error" in trial.user_attrs:
@@ -310,6 +318,7 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
 
     try:
         seen = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        lines = LineProgress("trials", n_trials, seen) if bar is not None and bar.disable else None  # not a TTY
         forwarded = False
         while any(p.is_alive() for p in procs):
             time.sleep(0.5)
@@ -322,6 +331,8 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
             now = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
             if bar is not None and now > seen:
                 bar.update(min(now, n_trials) - min(seen, n_trials))
+            if lines is not None and now > seen:
+                lines(min(now, n_trials))
             if now > seen:
                 for out in outputs:           # the workers write best.yaml; the parent the report
                     out.on_progress(study)

@@ -103,6 +103,12 @@ def study_report(study: optuna.Study, paths: StudyPaths, storage: str, notes: li
     return paths.report
 
 
+#: trials.csv is rewritten when the front changes, and otherwise at least every this many trials
+#: finished in this process or this many seconds (each rewrite reads the whole study).
+CSV_EVERY_TRIALS = 10
+CSV_EVERY_S = 30.0
+
+
 class ResultFiles:
     """best.yaml, pareto/trial_NNNNN.yaml and trials.csv, rewritten when the result changes.
 
@@ -114,6 +120,18 @@ class ResultFiles:
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
         self._last_front: list[tuple[float, float]] = []
         self._last_best: results.Row | None = None
+        self._csv_at = time.monotonic()   # when trials.csv was last written
+        self._csv_pending = 0             # trials finished here since then
+
+    def _csv_due(self) -> bool:
+        """trials.csv lags the study by at most CSV_EVERY_TRIALS trials or CSV_EVERY_S seconds, even
+        while the front does not change (a kill -9 then loses little of it)."""
+        return self._csv_pending > 0 and (self._csv_pending >= CSV_EVERY_TRIALS
+                                          or time.monotonic() - self._csv_at >= CSV_EVERY_S)
+
+    def _write_csv(self, rows: list[results.Row]) -> None:
+        write_atomic(self.paths.trials_csv, trials_csv(rows))
+        self._csv_at, self._csv_pending = time.monotonic(), 0
 
     # the loop's callback protocol
     def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> results.Row | None:
@@ -138,7 +156,11 @@ class ResultFiles:
         With the just-finished ``trial``: a trial that is infeasible, a repeat, or strictly
         dominated by the last written front cannot change the front or the best, so the study
         is not re-read (that read grows with the study and would run after every trial)."""
+        if trial is not None:
+            self._csv_pending += 1
         if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
+            if self._csv_due():
+                self._write_csv(results.rows(study))
             return self._last_best
         rows = results.rows(study)
         front = results.pareto(rows)
@@ -147,6 +169,8 @@ class ResultFiles:
         self._last_best = best
         state = (best.number if best else None, tuple(r.number for r in front))
         if not force and state == self._last_written:
+            if self._csv_due():
+                self._write_csv(rows)
             return best
         self._last_written = state
         if best is not None:
@@ -161,7 +185,7 @@ class ResultFiles:
         for old in self.paths.pareto.glob("trial_*.yaml"):
             if old.name not in keep:
                 old.unlink(missing_ok=True)
-        write_atomic(self.paths.trials_csv, trials_csv(rows))
+        self._write_csv(rows)
         return best
 
 

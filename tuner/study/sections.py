@@ -128,6 +128,16 @@ class CalibrationKnobs:
                                         ("per_channel", self.per_channel)) if len(v) > 1}
 
 
+def accuracy_range(metric: str) -> tuple[float, float] | None:
+    """The values the accuracy objective ``metric`` can take; None when unbounded (SQNR, user scores)."""
+    kind = metric.partition(":")[0].strip().lower()
+    if kind in ("mean_cosine", "min_cosine", "cosine"):
+        return (-1.0, 1.0)
+    if kind in ("miou", "delta1", "top1", "seg_agreement"):
+        return (0.0, 1.0)
+    return None
+
+
 def objectives_section(o: dict[str, Any], where: str) -> Objectives:
     """``objectives``, validated: the accuracy metric and what the trials report, floor and ceiling."""
     if o["mode"] not in MODES:
@@ -151,6 +161,11 @@ def objectives_section(o: dict[str, Any], where: str) -> Objectives:
     for key in ("min_accuracy", "max_latency_ms"):
         if o[key] is not None and (isinstance(o[key], bool) or not isinstance(o[key], (int, float))):
             raise TunerError(f"{where}.{key}: expected a number, got {o[key]!r}")
+    bounds = accuracy_range(o["accuracy"])
+    if o["min_accuracy"] is not None and bounds is not None and not bounds[0] <= o["min_accuracy"] <= bounds[1]:
+        pct = f" (for {o['min_accuracy']}% write {o['min_accuracy'] / 100:g})" if 1 < o["min_accuracy"] <= 100 else ""
+        raise TunerError(f"{where}.min_accuracy: {o['min_accuracy']} is outside {o['accuracy']}'s range "
+                         f"[{bounds[0]:g}, {bounds[1]:g}]{pct}; no trial could meet it")
     if o["mode"] == "latency" and o["min_accuracy"] is None:
         raise TunerError(f"{where}.mode latency minimises latency subject to an accuracy floor: "
                          "set objectives.min_accuracy")

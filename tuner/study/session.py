@@ -28,6 +28,7 @@ from tuner.cost import CostModel
 from tuner.cost.latency import load_profile
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import write_atomic
+from tuner.files import check_writable
 from tuner.inputs.config import load_config
 from tuner.inputs.model import file_fingerprint
 from tuner.metrics.accuracy import accuracy
@@ -44,6 +45,7 @@ from tuner.study.storage import (
     SENSITIVITY_ATTR,
     STUDY_ATTR,
     StudyPaths,
+    check_storage,
     load_study,
     make_storage,
     redact,
@@ -90,6 +92,7 @@ class StudySession:
         space = load_space(space_path)
         name = name or space.name
         paths = StudyPaths(Path(results_dir) / name)
+        check_outputs(paths, storage)      # before the statistics pass and the sensitivity ranking
         ws = Workspace.for_space(space, threads=threads,
                                  progress=None if quiet else progress_printer("calibration statistics"))
         base = ws.base_candidate()
@@ -356,6 +359,18 @@ class StudySession:
 
 def resume_seed(seed: int, n_trials: int) -> int:
     return int(np.random.SeedSequence([seed, n_trials]).generate_state(1)[0])
+
+
+def check_outputs(paths: StudyPaths, storage: str | None) -> None:
+    """The study's folder (best.yaml, pareto/, trials.csv, sensitivity.json, report) and its storage
+    can be written: one line now instead of a traceback after minutes of statistics and sensitivity."""
+    check_writable(paths.root, "the study's results")
+    check_storage(storage, paths, must_exist=False)
+
+
+def preflight(space_path: str | Path, name: str | None, storage: str | None, results_dir: str | Path) -> None:
+    """:func:`check_outputs` for ``tuner search`` before anything reads the data (the space file is cheap)."""
+    check_outputs(StudyPaths(Path(results_dir) / (name or load_space(space_path).name)), storage)
 
 
 def join_study(name: str, storage: str | None, space: str | Path | None = None, results_dir: str | Path = "results",

@@ -17,6 +17,7 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from tuner.errors import TunerError
+from tuner.files import check_writable
 from tuner.study.orphans import rdb_heartbeat_kwargs
 
 STUDY_ATTR = "tuner"
@@ -59,6 +60,36 @@ HEARTBEAT_S = 20
 GRACE_FACTOR = 3
 
 
+def _check_scheme(url: str) -> None:
+    scheme = url.split("://", 1)[0]
+    if scheme == "postgres" or scheme.startswith("postgres+"):
+        fixed = "postgresql" + scheme[len("postgres"):]
+        raise TunerError(f"--storage: {redact(url)}: use {fixed}://... (SQLAlchemy does not accept the "
+                         "Heroku-style postgres:// scheme)")
+
+
+def check_storage(url: str | None, paths: StudyPaths, must_exist: bool) -> None:
+    """One line for a storage tuner cannot use, before any work: ``postgres://`` (SQLAlchemy knows
+    only postgresql://), a journal or SQLite file that does not exist where the study must exist
+    (status, export, report, worker: they create nothing), a folder the study cannot be written to."""
+    if url is not None and "://" in url:
+        _check_scheme(url)
+        if not url.startswith("sqlite:///"):
+            return          # a database server: its own errors, when it is opened
+        path = Path(url[len("sqlite:///"):].split("?", 1)[0])
+        if not str(path) or str(path) in (".", ":memory:"):
+            return
+    else:
+        path = paths.journal if url is None else Path(url)
+    if must_exist and not path.is_file():
+        if url is None:
+            raise TunerError(f"no study: {path} does not exist; pass --storage URL or --results-dir")
+        raise TunerError(f"--storage: {path} does not exist; check the path (this command reads a study and "
+                         "creates nothing)")
+    if not must_exist:
+        check_writable(path.parent, "the study's storage")
+
+
 def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = HEARTBEAT_S,
                  max_retry: int = 1) -> JournalStorage | RDBStorage:
     """Default: an Optuna journal file in the study folder (multi-process safe, cheap writes);
@@ -68,6 +99,8 @@ def make_storage(url: str | None, paths: StudyPaths, heartbeat: float | None = H
     lost mid-trial leaves a trial whose heartbeat stops, and the next worker to start a trial
     marks it failed and re-queues it (``max_retry`` times). Journal files have no heartbeat in
     Optuna; their orphans are found by process id instead (:mod:`tuner.study.orphans`)."""
+    if url is not None and "://" in url:
+        _check_scheme(url)
     if url is None:
         paths.root.mkdir(parents=True, exist_ok=True)
         return journal_storage(paths.journal)
@@ -147,6 +180,7 @@ def load_study(name: str, storage: str | None, paths: StudyPaths, hint: str = ""
                 heartbeat: float | None = HEARTBEAT_S) -> optuna.Study:
     """The study ``name`` in ``storage`` (default: the journal in ``paths``), or one line naming
     the studies that storage does hold (then ``hint``)."""
+    check_storage(storage, paths, must_exist=True)
     stor = make_storage(storage, paths, heartbeat=heartbeat)
     try:
         return optuna.load_study(study_name=name, storage=stor)

@@ -116,4 +116,5 @@ def node_sensitivity(space: SearchSpace, ws: Workspace, cache: Path,
     ref = Candidate.make(reference_calibration(space, base), dict(base.nodes), base.optimization)
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
                     ref.key(), metric, ws.target.march, ",".join(nodes)])
-    return cached_sensitivity(cache, key, lambda: leave_one_float(ws.simulator, ref, nodes, metric, progress))
+    return cached_sensitivity(cache, key, lambda done, save: leave_one_float(ws.simulator, ref, nodes, metric,
+                                                                          progress, done, save))
