@@ -117,14 +117,19 @@ def ort_own_qdq(ws: Workspace, method: CalibrationMethod, percentile: float | No
         return onnx.load(str(dst))
 
 
-def cosine_vs_float(ws: Workspace, model: onnx.ModelProto) -> float:
+def vs_float(ws: Workspace, model: onnx.ModelProto) -> Similarity:
+    """``model``'s output against the float model's on the evaluation data."""
     session = make_session(model, ws.threads)
     sim = Similarity()
     for i, sample in enumerate(ws.eval_data):
         (value,) = session.run([OUTPUT], sample)
         assert np.isfinite(value).all()
         sim.update(ws.simulator.reference[i][OUTPUT], value)
-    return sim.cosine
+    return sim
+
+
+def cosine_vs_float(ws: Workspace, model: onnx.ModelProto) -> float:
+    return vs_float(ws, model).cosine
 
 
 def ranking(scores: dict[str, float]) -> list[str]:
@@ -213,12 +218,7 @@ def ort_a16w8(ws: Workspace, int8_tensors: tuple[str, ...] = ()) -> onnx.ModelPr
 
 
 def sqnr_vs_float(ws: Workspace, model: onnx.ModelProto) -> float:
-    session = make_session(model, ws.threads)
-    sim = Similarity()
-    for i, sample in enumerate(ws.eval_data):
-        (value,) = session.run([OUTPUT], sample)
-        sim.update(ws.simulator.reference[i][OUTPUT], value)
-    return sim.sqnr_db
+    return vs_float(ws, model).sqnr_db
 
 
 def test_d_set_all_nodes_int16_gains_like_onnxruntime_a16w8(projects):
