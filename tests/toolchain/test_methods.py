@@ -6,7 +6,7 @@ from tuner.candidate import Calibration
 from tuner.toolchain.compare import normalize_method, same_method
 from tuner.toolchain.hblog import parse_log
 
-# Select lines of real X5 logs (/work/shared/fixtures/hb_logs: 01_zoo_hb_mapper_1.24.3_yolo11n,
+# Select lines of real X5 logs (shared/fixtures/hb_logs: 01_zoo_hb_mapper_1.24.3_yolo11n,
 # 19_zoo_readme_yolo11_int16_excerpt, 12_user_wuchao_yolov8_ultra_1.18.2)
 REAL = [
     ("2025-07-23 11:36:19,623 file: modelwise_search.py func: modelwise_search line No: 75 "

@@ -3,7 +3,7 @@
 One role: given a way to score a method (or one node under a method), pick what horizon_nn
 1.1.0 (the X5 quantizer) would pick. Running models is the caller's (``Simulator``); this module
 only orders, compares and stops, so every rule here can be read against its source
-(ids of ``/work/shared/reference/hb_quantizer_facts.md``, "facts" below).
+(ids of ``shared/reference/hb_quantizer_facts.md``, "facts" below).
 
 ``default`` [facts 2.1-2.2; src 24313449169 InferThresholds, 24131963830 ModelWiseSearch]:
 
