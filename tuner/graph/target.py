@@ -116,7 +116,7 @@ def load_target(march_or_path: str | Path) -> Target:
             weight_ops=weight_ops, int32_output_ops=ops("int32_output_ops"),
             passive_ops=frozenset(raw.get("passive_ops") or ()),
             same_scale_ops=frozenset(raw.get("same_scale_ops") or ()),
-            lut_ops=ops("lut_ops") - {k for k, v in fused.items() if v not in ("Sigmoid", "HardSigmoid", "Tanh", "Erf")},
+            lut_ops=ops("lut_ops"),
             quantize_bias=bool(raw.get("quantize_bias", True)),
             fusion_patterns=tuple(patterns), max_opset=limits.get("max_opset"),
             max_ir_version=limits.get("max_ir_version"), raw=raw, int16_inputs=int16_inputs,
