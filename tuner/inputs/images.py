@@ -17,8 +17,9 @@ from tuner.inputs.config import InputSpec
 PreprocessFn = Callable[[Path], np.ndarray]
 
 
-def _dims(shape: tuple[int, ...]) -> str:
-    return "x".join(map(str, shape))
+def dims(shape: tuple[int, ...]) -> str:
+    """A shape as the YAML writes it (``1x3x224x224``; ``()`` for a scalar)."""
+    return "x".join(map(str, shape)) if shape else "()"
 
 
 def yaml_preprocess(spec: InputSpec, shape: tuple[int, ...]) -> PreprocessFn:
@@ -36,13 +37,13 @@ def yaml_preprocess(spec: InputSpec, shape: tuple[int, ...]) -> PreprocessFn:
         raise TunerError("reading images needs Pillow: pip install 'tuner[images]' (or pillow), or give "
                          "--preprocess module:function") from None
     if len(shape) != 4:
-        raise TunerError(f"input_shape {_dims(shape)}: reading images needs a 4-D NCHW or NHWC input")
+        raise TunerError(f"input_shape {dims(shape)}: reading images needs a 4-D NCHW or NHWC input")
     nhwc = spec.layout_train == "NHWC"
     height, width, channels = (shape[1], shape[2], shape[3]) if nhwc else (shape[2], shape[3], shape[1])
     gray = spec.type_train == "gray"
     if channels != (1 if gray else 3):
         raise TunerError(f"input_type_train {spec.type_train} needs {1 if gray else 3} channel(s) but input_shape "
-                         f"{_dims(shape)} has {channels}")
+                         f"{dims(shape)} has {channels}")
 
     def read(path: Path) -> np.ndarray:
         try:

@@ -26,7 +26,7 @@ from tuner.errors import TunerError
 from tuner.files import check_writable, write_atomic
 from tuner.inputs.config import HbConfig, load_config
 from tuner.inputs.data import DTYPES, InputData, input_data
-from tuner.inputs.images import yaml_preprocess
+from tuner.inputs.images import dims, yaml_preprocess
 from tuner.inputs.model import LoadedModel, load_model
 from tuner.metrics.user import load_callable
 
@@ -79,7 +79,7 @@ def preprocessor(spec: str | None, config: HbConfig, data: InputData) -> tuple[P
 
 
 def _check_result(value, path: Path, label: str, shape: tuple[int, ...] | None) -> np.ndarray:
-    want = f"a numpy array of shape {_dims(shape)}" if shape else "a numpy array"
+    want = f"a numpy array of shape {dims(shape)}" if shape else "a numpy array"
     if not isinstance(value, np.ndarray):
         raise TunerError(f"preprocessing {label!r} returned {type(value).__name__} for {path}; it must return "
                          f"{want} (the calibration tensor before the YAML's mean/scale)")
@@ -93,17 +93,13 @@ def _check_result(value, path: Path, label: str, shape: tuple[int, ...] | None) 
             hint = ""
             if sorted(value.shape) in (sorted(shape), sorted(shape[1:])):
                 hint = "; the dimensions are there but in another order: check input_layout_train (NCHW vs NHWC)"
-            raise TunerError(f"preprocessing {label!r} returned shape {_dims(value.shape)} for {path}, but the "
-                             f"model input needs {_dims(shape)} (with or without the batch dimension){hint}")
+            raise TunerError(f"preprocessing {label!r} returned shape {dims(value.shape)} for {path}, but the "
+                             f"model input needs {dims(shape)} (with or without the batch dimension){hint}")
     if value.dtype.kind == "f" and not np.isfinite(value).all():
         bad = "NaN" if np.isnan(value).any() else "Inf"
         raise TunerError(f"preprocessing {label!r} returned {bad} values for {path}; fix the function "
                          "(a division by a zero std or range?) or remove the image")
     return value
-
-
-def _dims(shape) -> str:
-    return "x".join(map(str, shape)) if shape else "()"
 
 
 # --------------------------------------------------------------------------- shared setup
