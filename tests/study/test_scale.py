@@ -78,12 +78,29 @@ def assert_exact_budget(trials, n):
 
 
 def test_three_local_workers_on_a_journal_complete_exactly_the_budget(tmp_path):
-    space = write_tiny_space(tmp_path)
-    code, out, err = finish(tuner("search", space, "--n-trials", 14, "--jobs", 3, cwd=tmp_path))
+    """The trials are held until three run at once (from three worker processes), then let go:
+    counting which workers completed trials would race (on 2 cores a late worker may find the
+    tiny budget already taken)."""
+    space = slow_space(tmp_path)
+    (tmp_path / "hold").touch()
+    proc = tuner("search", space, "--n-trials", 14, "--jobs", 3, cwd=tmp_path)
+    try:
+        pids: set[int] = set()
+        deadline = time.time() + 180
+        while time.time() < deadline and len(pids) < 3 and proc.poll() is None:
+            time.sleep(0.1)
+            pids = {t.user_attrs["worker"]["pid"] for t in trials_of("tiny", None, tmp_path)
+                    if t.state == TrialState.RUNNING and "worker" in t.user_attrs}
+        (tmp_path / "hold").unlink()
+        code, out, err = finish(proc)
+    finally:
+        (tmp_path / "hold").unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.kill()
+    assert len(pids) == 3, f"never three trials running at once: {pids}"
     assert code == 0, err
     trials = trials_of("tiny", None, tmp_path)
     assert_exact_budget(trials, 14)
-    assert len({t.user_attrs["worker"]["pid"] for t in trials if t.state == TrialState.COMPLETE}) == 3
     status = finish(tuner("status", "tiny", cwd=tmp_path))
     assert status[0] == 0 and "14 completed trial(s), 0 failed, 0 running" in status[1]
 
