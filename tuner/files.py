@@ -7,6 +7,7 @@ opening the file, a run killed half way) sees the old file or the new one, never
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -96,3 +97,17 @@ def check_writable(folder: Path, what: str) -> None:
     if free < MIN_FREE_BYTES:
         raise TunerError(f"{folder}: cannot write {what} there: its file system is full ({free // 1024} KB free); "
                          "free some space or choose another folder")
+
+
+def jsonable(v: Any) -> Any:
+    """``v`` as plain JSON (what every storage keeps): non-finite floats become None, keys strings,
+    tuples lists, anything else its ``str``."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)

@@ -7,7 +7,7 @@ import optuna
 
 from tuner.report.html import render
 from tuner.study.outputs import ReportSnapshot, Trace
-from tuner.study.record import RECORD
+from tuner.study.record import RECORD, StudyInfo
 from tuner.study.results import row
 
 RECORDS = json.loads((Path(__file__).parents[1] / "study" / "fixtures" / "records_main_a8e95c4.json").read_text())
@@ -23,8 +23,8 @@ def snapshot(**kw):
                                                   user_attrs={RECORD: rec, **({"plan": plan} if plan else {})}))
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
     trials = study.get_trials()
-    info = {"mode": "pareto", "objectives": {"min_accuracy": None}, "march": "bayes-e", "version": "test",
-            "fingerprints": {"model": "ab12"}}
+    info = StudyInfo.from_json({"mode": "pareto", "objectives": {"min_accuracy": None}, "march": "bayes-e",
+                                "version": "test", "fingerprints": {"model": "ab12"}})
     base = dict(name="hand", info=info, storage="results/hand/study.journal", directions=["maximize", "minimize"],
                 trials=trials, rows=[r for t in trials if t.state.name == "COMPLETE" and (r := row(t))])
     return ReportSnapshot(**{**base, **kw})

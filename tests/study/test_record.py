@@ -72,3 +72,19 @@ def test_objectives_give_directions_values_and_constraints_once():
     assert lat.constraints(0.95, 2.5) == {"min_accuracy": pytest.approx(-0.05), "max_latency_ms": -0.5}
     assert Objectives(mode="accuracy").values(0.9, 1.0) == [0.9] and Objectives().constraints(0.1, 99) == {}
     assert Objectives.from_dict(o.to_dict()) == o
+
+
+def test_the_study_attribute_written_before_it_was_typed_round_trips():
+    """fixtures/study_info_591f9cf.json: the ``tuner`` study attribute as 591f9cf wrote it (this
+    machine's folders made relative)."""
+    from tuner.study.record import StudyInfo
+
+    stored = json.loads((Path(__file__).parent / "fixtures" / "study_info_591f9cf.json").read_text())
+    info = StudyInfo.from_json(stored)
+    assert info.mode == "pareto" and info.objectives == Objectives() and info.march == "bayes-e"
+    assert info.fingerprints["model"] == stored["fingerprints"]["model"] and info.node_info_supported
+    assert json.dumps(info.to_json()) == json.dumps(stored)      # same keys, same order
+    later = StudyInfo.from_json({**stored, "mode": "latency", "objectives": {**stored["objectives"], "mode": "latency",
+                                                                             "min_accuracy": 0.99}, "owner": "ci"})
+    assert later.mode == "latency" and later.objectives.min_accuracy == 0.99 and later.extra == {"owner": "ci"}
+    assert later.to_json()["owner"] == "ci"

@@ -12,7 +12,8 @@ calibration sample only, cosine = (a.b + 1e-5) / (|a| |b| + 1e-5), L1 = mean |d|
 L2 = |d| / n, Chebyshev = max |d|, in float32 (written out here, not taken from tuner.metrics),
 
 and writes ``hb_mapper_makertbin.log`` in the working directory in the documented X5 format
-(FAKE_HB_STYLE=old: ``In/Out DataType``), plus the usual artefacts' folder. FAKE_HB_FAIL=1
+(FAKE_HB_STYLE=old: as before 1.24, ``In/Out DataType`` and an output table headed ``Node``
+that names the node computing each output), plus the usual artefacts' folder. FAKE_HB_FAIL=1
 makes it fail like a conversion error.
 """
 
@@ -138,11 +139,14 @@ def main(argv: list[str]) -> int:
         "int8")
     add("The quantized model output:", "print_info_dict")
     log_lines.append("=" * 77)
-    log_lines.append(f"{'Output':<12}{'Cosine Similarity':<19}{'L1 Distance':<13}{'L2 Distance':<13}Chebyshev Distance")
+    # before 1.24 the table is headed "Node" and names the node computing each output
+    producer = {o: n.name for n in ws.graph for o in n.outputs}
+    log_lines.append(f"{'Node' if old else 'Output':<20}{'Cosine Similarity':<19}{'L1 Distance':<13}{'L2 Distance':<13}"
+                     "Chebyshev Distance")
     log_lines.append("-" * 77)
     for name in ev.outputs:
         cos, l1, l2, cheb = figures[name]
-        log_lines.append(f"{name:<12}{real_cos(cos):<19.6f}{l1:<13.6f}{l2:<13.6f}{cheb:.6f}")
+        log_lines.append(f"{producer[name] if old else name:<20}{real_cos(cos):<19.6f}{l1:<13.6f}{l2:<13.6f}{cheb:.6f}")
     add("Convert to runtime bin file successfully!", "hb_mapper_makertbin")
     add("End Model Convert", "hb_mapper_makertbin")
     text = "\n".join(log_lines) + "\n"

@@ -193,3 +193,18 @@ def test_an_indented_line_after_the_table_is_not_taken_into_its_last_row():
     log = parse_log(text)
     [unit] = log.nodes
     assert (unit.name, unit.cosine, unit.threshold) == ("UNIT_CONV_FOR_561", None, None) and not log.warnings
+
+
+def test_a_node_headed_output_table_pairs_by_the_outputs_producers():
+    """The 1.18.2 log names /model.22/... nodes; with the graph's producers each output finds its
+    row, without them none does (the names are not the model's outputs)."""
+    from tuner.toolchain.compare import output_rows
+
+    log = read_log(V1_18)
+    producers = {f"output{i}": o.name for i, o in enumerate(log.outputs)}
+    rows = output_rows(log, list(producers), producers)
+    assert [(k, r.name) for k, r in rows.items()] == list(producers.items())
+    assert output_rows(log, list(producers), None) == {}
+    # a 1.24 table names outputs: producers are not needed
+    new = read_log(V1_24)
+    assert list(output_rows(new, [o.name for o in new.outputs], None)) == [o.name for o in new.outputs]

@@ -193,3 +193,20 @@ def test_compared_cosine_is_hbs_eps_cosine_on_a_near_zero_tensor(tmp_path):
     assert out["sim_chebyshev"] == pytest.approx(4e-4, rel=1e-4)
     # the pooled figure (both samples, plain cosine) is another, far better number
     assert out["sim_cosine_pooled"] > 0.9999
+
+
+def test_a_pre_1_24_output_table_is_paired_with_the_model_outputs_by_their_nodes(tmp_path):
+    """Before 1.24 the output table names the node computing each output; the comparison pairs
+    those rows with the model's outputs (gap per output), and none is left as a log-only row."""
+    cfg = write_tiny_project(tmp_path / "p")
+    log = fake_hb_mapper(cfg, FAKE_HB_STYLE="old", FAKE_HB_FACTOR="1", FAKE_HB_REFUSE="")
+    assert "Node                Cosine Similarity" in log.read_text()
+    comp = _import_json(log, cfg)
+    outs = {o["name"]: o for o in comp["outputs"]}
+    assert set(outs) == {"seg", "depth"}
+    assert outs["seg"]["real_row"] == "/head/seg/Conv" and outs["depth"]["real_row"] == "/head/depth/Mul"
+    for o in outs.values():     # a stand-in that agrees with the simulator, on the same terms
+        assert o["real_cosine"] == pytest.approx(o["sim_cosine"], abs=2e-6)
+    assert comp["summary"]["output_cosine_gap"] == pytest.approx(0.0, abs=2e-6)
+    r = cli("import-log", log, "--config", cfg, cwd=cfg.parent)
+    assert r.returncode == 0 and "seg (log: /head/seg/Conv)" in r.stdout

@@ -12,9 +12,9 @@ from tuner.study.loop import run
 from tuner.study.results import rows
 from tuner.study.session import StudySession
 from tuner.study.storage import open_existing
-from tuner.toolchain.compare import Comparison, comparison_for_trial
+from tuner.toolchain.compare import Comparison
 from tuner.toolchain.logterms import TERMS
-from tuner.toolchain.records import real_record, real_records
+from tuner.toolchain.records import comparison_for_trial, real_record, real_records
 from tuner.toolchain.verify import StudyContext, verify_study
 
 FAKE = Path(__file__).with_name("fake_hb_mapper.py")
@@ -43,11 +43,11 @@ def test_verify_runs_the_tool_imports_its_log_and_shows_the_gap(study_dir):
     recs = real_records(study)
     assert len(recs) == 2
     for number, rec in recs.items():
-        assert rec["status"] == "ok", rec
+        assert rec.status == "ok", rec
         folder = paths.root / "verify" / f"trial_{number:05d}"
         assert (folder / "hb_mapper_makertbin.log").is_file() and (folder / "model_output" / "fake.bin").is_file()
         # the stand-in's error is 3x the simulator's: the real output cosine is lower
-        assert rec["accuracy_source"] == "log:mean_cosine" and rec["accuracy"] < rec["sim_accuracy"]
+        assert rec.accuracy_source == "log:mean_cosine" and rec.accuracy < rec.sim_accuracy
         comp = comparison_for_trial(study, number)
         assert isinstance(comp, Comparison) and comp.output_cosine_gap < 0 and comp.n_paired >= 12
         assert comp.spearman > 0.8
@@ -63,17 +63,17 @@ def test_verify_runs_the_tool_imports_its_log_and_shows_the_gap(study_dir):
         assert all(o.sim_cosine_pooled is not None for o in comp.outputs)
         assert "gap" in comp.text() and comp.as_dict()["summary"]["output_cosine_gap"] == comp.output_cosine_gap
         # the real value went back into the study as a trial with the same parameters
-        fed = study.trials[rec["feedback_trial"]]
+        fed = study.trials[rec.feedback_trial]
         original = study.trials[number]
         assert fed.user_attrs["verified_from"] == number and fed.params == original.params
-        assert fed.values[0] == pytest.approx(rec["accuracy"]) and fed.values[1] == pytest.approx(original.values[1])
+        assert fed.values[0] == pytest.approx(rec.accuracy) and fed.values[1] == pytest.approx(original.values[1])
     assert "real - sim" in r.stdout and "added to the study as trial(s)" in r.stdout
     # status shows real next to simulated; export can pick by the real figure
     s = cli("status", "tiny", cwd=root)
     assert s.returncode == 0 and "Verified with the real toolchain (2 of 2 ok" in s.stdout
     e = cli("export", "tiny", "--by", "real", "--out", root / "real.yaml", cwd=root)
     assert e.returncode == 0, e.stderr
-    best = max(recs, key=lambda n: recs[n]["accuracy"])
+    best = max(recs, key=lambda n: recs[n].accuracy)
     assert f"trial {best}:" in e.stdout and (root / "real.yaml").is_file()
     # a trial without a log has no comparison
     others = [t.number for t in study.trials if t.number not in recs]
@@ -93,14 +93,14 @@ def test_failures_are_recorded_per_trial_and_never_stop_the_others(study_dir):
     done = verify_study(ctx, cmd, numbers=[a, b, c, d], timeout=1.0)
     assert time.perf_counter() - t0 < 20          # the sleeping command was killed at its timeout
     status = {row.number: rec for row, rec in done}
-    assert status[a]["status"] == "timeout" and "killed" in status[a]["error"]
-    assert status[b]["status"] == "failed" and "exit code 3" in status[b]["error"] and "conversion broke" in status[b]["error"]
-    assert status[c]["status"] == "unusable" and "neither" in status[c]["error"]
-    assert status[d]["status"] == "ok" and status[d]["accuracy"] == 0.5 and status[d]["accuracy_source"] == "json:accuracy"
-    assert status[d]["latency_ms"] == 9.5
+    assert status[a].status == "timeout" and "killed" in status[a].error
+    assert status[b].status == "failed" and "exit code 3" in status[b].error and "conversion broke" in status[b].error
+    assert status[c].status == "unusable" and "neither" in status[c].error
+    assert status[d].status == "ok" and status[d].accuracy == 0.5 and status[d].accuracy_source == "json:accuracy"
+    assert status[d].latency_ms == 9.5
     # all four are stored; only the usable one was fed back, with the real accuracy and latency
     study, _ = open_existing("tiny", None, root / "results")
-    assert {n: real_record(study, n)["status"] for n in (a, b, c, d)} == \
+    assert {n: real_record(study, n).status for n in (a, b, c, d)} == \
         {a: "timeout", b: "failed", c: "unusable", d: "ok"}
     assert len(study.trials) == n_before + 1
     fed = study.trials[-1]
@@ -135,7 +135,7 @@ def test_import_log_attaches_a_hand_made_run_to_a_trial(study_dir):
     assert f"stored on trial {number}" in r.stdout and "added trial" in r.stdout
     study, _ = open_existing("tiny", None, root / "results")
     rec = real_record(study, number)
-    assert rec["status"] == "ok" and rec["accuracy"] < rec["sim_accuracy"]
+    assert rec.status == "ok" and rec.accuracy < rec.sim_accuracy
     assert comparison_for_trial(study, number).output_cosine_gap < 0
     r = cli("import-log", run_dir / "hb_mapper_makertbin.log", "--study", "tiny", cwd=root)
     assert r.returncode == 2 and "--trial" in r.stderr
@@ -149,12 +149,12 @@ def test_the_report_shows_real_next_to_simulated(study_dir):
 
     root, _ = study_dir
     study, paths = open_existing("tiny", None, root / "results")
-    recs = {n: r for n, r in real_records(study).items() if r.get("comparison")}
+    recs = {n: r for n, r in real_records(study).items() if r.comparison}
     if not recs:   # this test also runs alone (-k): verify two trials first
         cmd = f"{sys.executable} {FAKE} makertbin --config {{yaml}} --model-type onnx"
         assert cli("verify", "tiny", "--top", "2", "--command", cmd, cwd=root).returncode == 0
         study, paths = open_existing("tiny", None, root / "results")
-        recs = {n: r for n, r in real_records(study).items() if r.get("comparison")}
+        recs = {n: r for n, r in real_records(study).items() if r.comparison}
     r = cli("report", "tiny", cwd=root)
     assert r.returncode == 0, r.stderr
     page = paths.report.read_text(encoding="utf-8")

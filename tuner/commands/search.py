@@ -202,8 +202,8 @@ def report(args: argparse.Namespace) -> int:
     search: StudySession | None
     out: Path | None
     try:
-        search = StudySession.open(info["space_path"], study.study_name, args.storage, paths.root.parent, args.threads)
-        changed = [k for k in FINGERPRINTS if search.fingerprints()[k] != info["fingerprints"].get(k)]
+        search = StudySession.open(info.space_path, study.study_name, args.storage, paths.root.parent, args.threads)
+        changed = [k for k in FINGERPRINTS if search.fingerprints()[k] != info.fingerprints.get(k)]
         if changed:
             raise TunerError(f"the {', '.join(changed)} file(s) changed since the study ran")
     except TunerError as exc:
@@ -230,8 +230,8 @@ def status(args: argparse.Namespace) -> int:
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     info = study_info(study)
-    print(f"study {study.study_name}: mode {info['mode']}, march {info['march']}, base {info['base_path']}")
-    print_summary(study, paths, info["mode"], info["objectives"].get("min_accuracy"))
+    print(f"study {study.study_name}: mode {info.mode}, march {info.march}, base {info.base_path}")
+    print_summary(study, paths, info.mode, info.objectives.min_accuracy)
     real = real_summary(study)
     if real:
         print(f"\n{real}")
@@ -262,20 +262,20 @@ def export(args: argparse.Namespace) -> int:
                              f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
         row = match[0]
     elif args.by == "real":
-        found = best_real(study, info["mode"], info["objectives"].get("min_accuracy"))
+        found = best_real(study, info.mode, info.objectives.min_accuracy)
         if found is None:
             raise TunerError(f"study {study.study_name!r} has no trial with a real accuracy that meets the constraints; "
                              "run 'tuner verify' first, or export by the simulated figure")
         row = found[0]
-        print(f"trial {row.number}: real accuracy {found[1]['accuracy']:.6f} ({found[1]['accuracy_source']})")
+        print(f"trial {row.number}: real accuracy {found[1].accuracy:.6f} ({found[1].accuracy_source})")
     else:
-        picked = best(rs, info["mode"], info["objectives"].get("min_accuracy"))
+        picked = best(rs, info.mode, info.objectives.min_accuracy)
         if picked is None:
             raise TunerError(f"study {study.study_name!r} has no feasible completed trial to export yet")
         row = picked
     out = Path(args.out) if args.out else paths.root / f"trial_{row.number:05d}.yaml"
-    notes = export_trial(row, out, Path(info["base_path"]), info.get("node_info_supported", True), None,
-                         {"study": study.study_name, **info["fingerprints"]})
+    notes = export_trial(row, out, Path(info.base_path), info.node_info_supported, None,
+                         {"study": study.study_name, **info.fingerprints})
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     print(f"wrote {out} (trial {row.number}: accuracy {row.accuracy:.6f}, modeled latency {row.latency_ms:.3f} ms)")

@@ -36,7 +36,6 @@ def log_text(log: Any) -> str:
 
 
 def import_log(args: argparse.Namespace) -> int:
-    from tuner.toolchain.compare import Comparison
     from tuner.toolchain.hblog import read_log, require_tables
 
     log = require_tables(read_log(args.log))
@@ -54,8 +53,8 @@ def import_log(args: argparse.Namespace) -> int:
         study, paths = open_existing(args.study, args.storage, args.results_dir)
         ctx = StudyContext(study, paths, args.threads)
         record = attach_log(ctx, args.trial, log, feedback=not args.no_feedback)
-        if record.get("comparison"):
-            comparison = Comparison.from_dict(record["comparison"])
+        if record.comparison is not None:
+            comparison = record.comparison
             target = ctx.workspace().target
     elif args.config:
         from tuner.console import progress_printer
@@ -82,7 +81,7 @@ def import_log(args: argparse.Namespace) -> int:
         if comparison is not None:
             out["comparison"] = comparison.as_dict()
         if record is not None:
-            out["record"] = {k: v for k, v in record.items() if k != "comparison"}
+            out["record"] = {k: v for k, v in record.to_json().items() if k != "comparison"}
         if changes is not None:
             out["target_changes"] = changes
         print(json.dumps(out, indent=2, allow_nan=False, default=str))
@@ -92,12 +91,12 @@ def import_log(args: argparse.Namespace) -> int:
         print()
         print(comparison.text())
     if record is not None:
-        acc = record.get("accuracy")
+        acc = record.accuracy
         print(f"\nstored on trial {args.trial} of study {args.study}"
-              + (f": real {record['objective']} {acc:.6f} ({record['accuracy_source']}) vs simulated "
-                 f"{record['sim_accuracy']:.6f}" if acc is not None else "")
-              + (f"; added trial {record['feedback_trial']} with the real value for the sampler"
-                 if record.get("feedback_trial") is not None else ""))
+              + (f": real {record.objective} {acc:.6f} ({record.accuracy_source}) vs simulated "
+                 f"{record.sim_accuracy:.6f}" if acc is not None and record.sim_accuracy is not None else "")
+              + (f"; added trial {record.feedback_trial} with the real value for the sampler"
+                 if record.feedback_trial is not None else ""))
     if changes is not None:
         print(f"\n{args.update_target}: " + ("; ".join(changes) if changes else "no change (evidence recorded)"))
     return 0
@@ -121,11 +120,11 @@ def verify(args: argparse.Namespace) -> int:
     done = verify_study(ctx, args.command, top=args.top, numbers=numbers, timeout=duration(args.timeout),
                         again=args.again, feedback=not args.no_feedback, log_name=args.log_name, say=say)
     print(results_table(done))
-    added = [str(rec["feedback_trial"]) for _, rec in done if rec.get("feedback_trial") is not None]
+    added = [str(rec.feedback_trial) for _, rec in done if rec.feedback_trial is not None]
     if added:
         print(f"\nreal values added to the study as trial(s) {', '.join(added)} (the sampler learns from them)")
     print(f"\nper trial: {paths.root / 'verify'}/trial_NNNNN/ (YAML, output.txt, the tool's artefacts)")
-    return 0 if all(rec.get("status") == "ok" for _, rec in done) else 1
+    return 0 if all(rec.ok for _, rec in done) else 1
 
 
 def import_calibrated(args: argparse.Namespace) -> int:

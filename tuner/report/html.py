@@ -25,7 +25,7 @@ from tuner.export.hb_yaml import write_atomic
 from tuner.study import results
 from tuner.study.record import TrialRecord
 from tuner.study.results import ReportSnapshot, Trace
-from tuner.toolchain.compare import Comparison
+from tuner.toolchain.records import RealRecord
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}
@@ -65,7 +65,7 @@ def _is_baseline(r: results.Row) -> bool:
 
 
 def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy: float | None,
-                  real: dict[int, dict[str, Any]] | None = None):
+                  real: dict[int, RealRecord] | None = None):
     """Accuracy vs modeled latency. For cosine-like metrics (all <= 1) the y axis is 1 - accuracy
     on a log scale: the all-int8 baselines sit at 0.6 and the front at 0.9999, and on a linear
     axis the front is a flat line."""
@@ -102,22 +102,23 @@ def pareto_figure(rs: list[results.Row], best: results.Row | None, min_accuracy:
     if best is not None:
         fig.add_trace(scatter([best], mode="markers", name=f"exported (trial {best.number})",
                               marker=dict(size=18, symbol="star", color="#f4a259", line=dict(width=1, color="#222"))))
-    verified = [(r, real[r.number]) for r in rs if real and isinstance((real.get(r.number) or {}).get("accuracy"),
-                                                                         (int, float))]
+    # (row, real latency, real accuracy) of each trial with a real accuracy
+    verified = [(r, rec.latency_ms if rec.latency_ms is not None else r.latency_ms, rec.accuracy, rec.accuracy_source)
+                for r in rs if real and (rec := real.get(r.number)) is not None and rec.accuracy is not None]
     if verified:
-        xs, ys = [], []
-        for r, rec in verified:      # a segment from the simulated point to the real one
-            xs += [r.latency_ms, rec.get("latency_ms") or r.latency_ms, None]
-            ys += [y(r.accuracy), y(float(rec["accuracy"])), None]
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        for r, lat, acc, _ in verified:      # a segment from the simulated point to the real one
+            xs += [r.latency_ms, lat, None]
+            ys += [y(r.accuracy), y(acc), None]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#3b8b5a", dash="dot"),
                                  hoverinfo="skip", showlegend=False))
         fig.add_trace(go.Scatter(
-            x=[rec.get("latency_ms") or r.latency_ms for r, rec in verified], y=[y(float(rec["accuracy"]))
-                                                                             for r, rec in verified],
+            x=[lat for _, lat, _, _ in verified], y=[y(acc) for _, _, acc, _ in verified],
             mode="markers", name="real toolchain (tuner verify)",
             marker=dict(size=11, symbol="circle-open", color="#3b8b5a", line=dict(width=2)),
-            hovertext=[f"trial {r.number}: real {float(rec['accuracy']):.6f} ({html.escape(str(rec.get('accuracy_source')))})"
-                       f"<br>simulated {r.accuracy:.6f}" for r, rec in verified], hoverinfo="text"))
+            hovertext=[f"trial {r.number}: real {acc:.6f} ({html.escape(str(src))})<br>simulated {r.accuracy:.6f}"
+                       for r, _, acc, src in verified], hoverinfo="text"))
     if min_accuracy is not None:
         fig.add_hline(y=y(float(min_accuracy)), line_dash="dot", line_color="#d1495b",
                       annotation_text=f"min_accuracy {min_accuracy}", annotation_position="top right")
@@ -228,7 +229,7 @@ def node_info_rows(record: TrialRecord) -> list[list[str]]:
     return rows
 
 
-def verification_html(real: dict[int, dict[str, Any]]) -> str:
+def verification_html(real: dict[int, RealRecord]) -> str:
     """A table of verified trials, then each attached log's side-by-side comparison."""
     def f(v: Any, digits: int = 6, sign: bool = False) -> str:
         if not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -237,15 +238,13 @@ def verification_html(real: dict[int, dict[str, Any]]) -> str:
 
     rows, details = [], []
     for number, rec in real.items():
-        cmp = Comparison.from_dict(rec["comparison"]) if rec.get("comparison") else None
-        summ = cmp.as_dict()["summary"] if cmp else {}
-        acc, sim = rec.get("accuracy"), rec.get("sim_accuracy")
-        rows.append([str(number), str(rec.get("status", "?")), f(sim), f(acc),
-                     f(acc - sim, sign=True) if isinstance(acc, (int, float)) and isinstance(sim, (int, float)) else "--",
-                     f(summ.get("output_cosine_gap"), sign=True), f(summ.get("spearman"), 3),
-                     str(len(summ.get("int16_refused") or [])) if cmp else "--",
-                     str(len(summ.get("placement_differs") or [])) if cmp else "--",
-                     str(rec.get("error") or "")[:120]])
+        cmp = rec.comparison
+        acc, sim = rec.accuracy, rec.sim_accuracy
+        rows.append([str(number), rec.status, f(sim), f(acc),
+                     f(acc - sim, sign=True) if acc is not None and sim is not None else "--",
+                     f(cmp.output_cosine_gap if cmp else None, sign=True), f(cmp.spearman if cmp else None, 3),
+                     str(len(cmp.int16_refused)) if cmp else "--", str(len(cmp.placement_differs)) if cmp else "--",
+                     (rec.error or "")[:120]])
         if cmp is not None:
             details.append(f"<details><summary>trial {number}: per-node comparison</summary>"
                            f"<pre>{html.escape(cmp.text())}</pre></details>")
@@ -271,8 +270,8 @@ def render(snap: ReportSnapshot) -> str:
     from plotly.offline import get_plotlyjs
 
     info = snap.info
-    mode = info.get("mode", "pareto")
-    min_acc = (info.get("objectives") or {}).get("min_accuracy")
+    mode = info.mode
+    min_acc = info.objectives.min_accuracy
     rs = snap.rows
     best = results.best(rs, mode, min_acc)
     front = results.pareto(rs)
@@ -352,9 +351,9 @@ def render(snap: ReportSnapshot) -> str:
                 "Trials checked with 'tuner verify' or an imported hb_mapper log: the real figures next to the "
                 "simulated ones, and per node where a log was attached.")
 
-    fps = info.get("fingerprints") or {}
-    prov = [["study", snap.name], ["storage", snap.storage], ["march", str(info.get("march", "?"))],
-            ["tuner", str(info.get("version", "?"))]] + [[f"{k} sha256", v] for k, v in fps.items()]
+    fps = info.fingerprints
+    prov = [["study", snap.name], ["storage", snap.storage], ["march", str(info.march or "?")],
+            ["tuner", info.version]] + [[f"{k} sha256", v] for k, v in fps.items()]
     section("Provenance", _table(["", ""], prov))
     if notes:
         sections.insert(0, "<section>" + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
@@ -366,7 +365,7 @@ def render(snap: ReportSnapshot) -> str:
             f"<style>{_CSS}</style><script>{_STATUS_JS}</script>"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
             f"<header><h1>{html.escape(title)}</h1><p>mode {html.escape(mode)}, march "
-            f"{html.escape(str(info.get('march', '?')))}; written {now} by tuner {__version__}</p></header>"
+            f"{html.escape(str(info.march or '?'))}; written {now} by tuner {__version__}</p></header>"
             f"<main><div id=\"tuner-status\" data-done=\"0\"></div>{''.join(sections)}</main></body></html>")
 
 

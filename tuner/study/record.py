@@ -204,3 +204,51 @@ class Objectives:
         if self.max_latency_ms is not None:
             out["max_latency_ms"] = latency_ms - float(self.max_latency_ms)
         return out
+
+
+#: The study user attribute holding :meth:`StudyInfo.to_json`.
+STUDY_ATTR = "tuner"
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """What a study was made from, stored once when tuner creates it (study attribute ``tuner``).
+
+    Workers compare ``fingerprints`` with their own files before they join; ``status``,
+    ``export``, ``verify`` and the report read the rest. The JSON is the shape studies have
+    always stored (``mode`` beside ``objectives``); keys of another version stay in ``extra``.
+    """
+
+    version: str                         # tuner's version that created the study
+    name: str
+    objectives: Objectives
+    space_path: str                      # the space file, resolved, on the machine that created the study
+    base_path: str                       # the base hb_mapper YAML
+    march: str | None
+    node_info_supported: bool            # whether the hb_mapper version takes model_parameters.node_info
+    fingerprints: dict[str, str]         # model / data / base_config / space -> sha256
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _KEYS = ("version", "name", "mode", "objectives", "space_path", "base_path", "march", "node_info_supported",
+             "fingerprints")
+
+    @property
+    def mode(self) -> str:
+        return self.objectives.mode
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "name": self.name, "mode": self.mode, "objectives": self.objectives.to_dict(),
+                "space_path": self.space_path, "base_path": self.base_path, "march": self.march,
+                "node_info_supported": self.node_info_supported, "fingerprints": dict(self.fingerprints),
+                **self.extra}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StudyInfo:
+        objectives = dict(d.get("objectives") or {})
+        objectives.setdefault("mode", d.get("mode", "pareto"))
+        return cls(version=str(d.get("version", "?")), name=str(d.get("name", "")),
+                   objectives=Objectives.from_dict(objectives), space_path=str(d.get("space_path", "")),
+                   base_path=str(d.get("base_path", "")), march=d.get("march"),
+                   node_info_supported=bool(d.get("node_info_supported", True)),
+                   fingerprints={str(k): str(v) for k, v in (d.get("fingerprints") or {}).items()},
+                   extra={k: v for k, v in d.items() if k not in cls._KEYS})

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import RECORD, Counts, Direction, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
+from tuner.study.record import RECORD, Counts, Direction, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
 
 if TYPE_CHECKING:
     from tuner.simulate import Evaluation
+    from tuner.toolchain.records import RealRecord
 
 
 @dataclass(frozen=True)
@@ -111,12 +112,12 @@ class ReportSnapshot:
     """Everything report.html shows, read from a study at one moment (no storage, no simulator)."""
 
     name: str
-    info: dict[str, Any]                       # the study's tuner attribute (mode, objectives, march, ...)
+    info: StudyInfo                            # the study's tuner attribute (mode, objectives, march, ...)
     storage: str                               # where the study lives, password redacted
     directions: list[Direction]                # "maximize" / "minimize" per objective
     trials: list[FrozenTrial]                  # all trials (history, importances, failures)
     rows: list[Row]                    # the completed trials with a record
-    real: dict[int, dict[str, Any]] = field(default_factory=dict)   # trial -> real toolchain record
+    real: dict[int, RealRecord] = field(default_factory=dict)   # trial -> real toolchain record
     sensitivity: dict[str, float] = field(default_factory=dict)
     traces: list[Trace] = field(default_factory=list)
     best_yaml: str | None = None

@@ -36,14 +36,23 @@ from tuner.simulate import Evaluation
 from tuner.study import results
 from tuner.study.orphans import reap, tag_trials
 from tuner.study.outputs import Output, ReportFile, ResultFiles, default_renderer, export_trial, snapshot
-from tuner.study.record import RECORD, CalibrationUsed, Counts, Direction, Latency, Objectives, TrialRecord
+from tuner.study.record import (
+    RECORD,
+    STUDY_ATTR,
+    CalibrationUsed,
+    Counts,
+    Direction,
+    Latency,
+    Objectives,
+    StudyInfo,
+    TrialRecord,
+)
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.space import ResolvedSpace, SearchSpace, load_space, resolve
 from tuner.study.storage import (
     FINGERPRINTS,
     HEARTBEAT_S,
     SENSITIVITY_ATTR,
-    STUDY_ATTR,
     StudyPaths,
     check_storage,
     load_study,
@@ -139,10 +148,10 @@ class StudySession:
         storage = make_storage(self.storage_url, self.paths, HEARTBEAT_S if self.heartbeat is None else self.heartbeat,
                                self.max_retry)
         fingerprints = self.fingerprints()
-        attrs = {"version": __version__, "name": self.name, "mode": self.mode,
-                 "objectives": self.objectives.to_dict(), "space_path": str(self.space.path.resolve()),
-                 "base_path": str(self.space.base), "march": self.ws.target.march,
-                 "node_info_supported": self.ws.node_info_supported, "fingerprints": fingerprints}
+        info = StudyInfo(version=__version__, name=self.name, objectives=self.objectives,
+                         space_path=str(self.space.path.resolve()), base_path=str(self.space.base),
+                         march=self.ws.target.march, node_info_supported=self.ws.node_info_supported,
+                         fingerprints=fingerprints)
         try:
             study = optuna.load_study(study_name=self.name, storage=storage, sampler=self.sampler(seed))
         except KeyError:
@@ -150,22 +159,23 @@ class StudySession:
                 raise TunerError(f"no study named {self.name!r} in {self._where()}") from None
             study = optuna.create_study(study_name=self.name, storage=storage, directions=self.directions(),
                                         sampler=self.sampler(seed))
-            study.set_user_attr(STUDY_ATTR, attrs)
+            study.set_user_attr(STUDY_ATTR, info.to_json())
             study.set_user_attr(SENSITIVITY_ATTR, self.sensitivity)
             return study
-        stored = study.user_attrs.get(STUDY_ATTR)
-        if not stored:
+        blob = study.user_attrs.get(STUDY_ATTR)
+        if not blob or not isinstance(blob, dict):
             raise TunerError(f"study {self.name!r} in {self._where()} was not made by tuner; use another --study name")
-        changed = [k for k in FINGERPRINTS if stored["fingerprints"].get(k) != fingerprints[k]]
+        stored = StudyInfo.from_json(blob).fingerprints
+        changed = [k for k in FINGERPRINTS if stored.get(k) != fingerprints[k]]
         if changed and not create:
             # A worker joining a study: say which of this machine's files differ.
             detail = "; ".join(f"{self._input_path(k)} (sha256 {fingerprints[k][:12]}) is not the study's "
-                               f"{k.replace('_', ' ')} (sha256 {str(stored['fingerprints'].get(k, '?'))[:12]})"
+                               f"{k.replace('_', ' ')} (sha256 {stored.get(k, '?')[:12]})"
                                for k in changed)
             raise TunerError(f"cannot join study {self.name!r}: {detail}; copy the study's files to this machine "
                              "(same model, data, base YAML and space), or point --space at the right space file")
         if changed:
-            detail = ", ".join(f"{k} {stored['fingerprints'].get(k, '?')[:12]} -> {fingerprints[k][:12]}"
+            detail = ", ".join(f"{k} {stored.get(k, '?')[:12]} -> {fingerprints[k][:12]}"
                                for k in changed)
             raise TunerError(f"study {self.name!r} was made from other inputs ({detail}); continuing would mix results "
                              f"of different problems: restore the inputs, or start a new study with --study NEW_NAME")
@@ -387,11 +397,11 @@ def join_study(name: str, storage: str | None, space: str | Path | None = None, 
                          "database) or --results-dir")
     study = load_study(name, storage, paths, " (start it with 'tuner search SPACE --storage URL')", heartbeat=None)
     info = study_info(study)
-    space_path = Path(space) if space is not None else Path(info["space_path"])
+    space_path = Path(space) if space is not None else Path(info.space_path)
     if not space_path.is_file():
         raise TunerError(f"the study's space file {space_path} is not on this machine; pass --space PATH to this "
                          "machine's copy (with the model, data and base YAML beside it as on the first machine)")
-    _check_files_early(name, space_path, info.get("fingerprints", {}))
+    _check_files_early(name, space_path, info.fingerprints)
     search = StudySession.open(space_path, name, storage, results_dir, threads, quiet=quiet,
                          sensitivity=study.user_attrs.get(SENSITIVITY_ATTR), render=render)
     search.heartbeat, search.max_retry = heartbeat, max_retry

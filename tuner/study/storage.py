@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
@@ -19,8 +18,8 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from tuner.errors import TunerError
 from tuner.files import check_writable
 from tuner.study.orphans import rdb_heartbeat_kwargs
+from tuner.study.record import STUDY_ATTR, StudyInfo  # noqa: F401  (STUDY_ATTR: re-exported)
 
-STUDY_ATTR = "tuner"
 SENSITIVITY_ATTR = "tuner_sensitivity"  # the node ranking the space was resolved with (workers reuse it)
 FINGERPRINTS = ("model", "data", "base_config", "space")
 
@@ -153,12 +152,12 @@ def _redact_text(text: str, url: str) -> str:
     return text.replace(url, redact(url))
 
 
-def study_info(study: optuna.Study) -> dict[str, Any]:
+def study_info(study: optuna.Study) -> StudyInfo:
     """The ``tuner`` attribute a study was created with (inputs, objectives, fingerprints)."""
     info = study.user_attrs.get(STUDY_ATTR)
     if not info or not isinstance(info, dict):
         raise TunerError(f"study {study.study_name!r} was not made by tuner")
-    return info
+    return StudyInfo.from_json(info)
 
 
 def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path = "results") -> tuple[optuna.Study, StudyPaths]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,9 +26,9 @@ import numpy as np
 
 from tuner.candidate import Candidate
 from tuner.console import table
+from tuner.files import jsonable
 from tuner.simulate import Evaluation
-from tuner.toolchain.hblog import HbLog, name_matches
-from tuner.toolchain.records import jsonable, real_record
+from tuner.toolchain.hblog import HbLog, OutputRecord, name_matches
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -145,6 +146,7 @@ class OutputComparison:
     real_l1: float | None = None
     real_l2: float | None = None
     real_chebyshev: float | None = None
+    real_row: str | None = None              # the log's name for it when not the output's (before 1.24: its node)
 
     @property
     def gap(self) -> float | None:
@@ -219,13 +221,15 @@ class Comparison:
     @classmethod
     def build(cls, ev: Evaluation, log: HbLog, figures=None, pooled: Evaluation | None = None,
               terms: str | None = None, pooled_data: str | None = None,
-              pooled_samples: int | None = None) -> Comparison:
+              pooled_samples: int | None = None, producers: Mapping[str, str] | None = None) -> Comparison:
         """Pair an evaluation made with ``per_node=True`` with a parsed log.
 
         ``figures`` (a :class:`tuner.toolchain.logterms.LogFigures`) replaces the evaluation's
         cosines by hb_mapper's figures on the log's terms (``terms`` says which); without it the
         evaluation's own (pooled, plain) cosines are compared. ``pooled``: an evaluation of the same
-        candidate and calibration whose output cosines are kept as ``sim_cosine_pooled``."""
+        candidate and calibration whose output cosines are kept as ``sim_cosine_pooled``.
+        ``producers``: model output -> the node that computes it, to pair an output table that
+        names nodes (hb_mapper before 1.24) with the model's outputs (:func:`output_rows`)."""
         hb_nodes = figures.nodes if figures is not None else None
         hb_outputs = figures.outputs if figures is not None else {}
         requested = int16_requests(ev.candidate)
@@ -256,7 +260,7 @@ class Comparison:
                 real_dtype=_dtype_text(own or (rows[0] if rows else None)),
                 kernel=rows[0].kernel if rows else None, int16_requested=want, int16_refused=refused))
         log_only = [x.name for x in log.nodes if id(x) not in used]
-        real_out = {o.name: o for o in log.outputs}
+        real_out = output_rows(log, list(ev.outputs), producers)
         outputs = []
         for name, m in ev.outputs.items():
             hb = hb_outputs.get(name)
@@ -268,10 +272,12 @@ class Comparison:
                 else None,
                 sim_l1=hb.l1 if hb else None, sim_l2=hb.l2 if hb else None, sim_chebyshev=hb.chebyshev if hb else None,
                 real_l1=real.l1 if real else None, real_l2=real.l2 if real else None,
-                real_chebyshev=real.chebyshev if real else None))
+                real_chebyshev=real.chebyshev if real else None,
+                real_row=real.name if real is not None and real.name != name else None))
+        paired = {id(o) for o in real_out.values()}
         outputs += [OutputComparison(name=o.name, sim_cosine=None, real_cosine=o.cosine, real_l1=o.l1, real_l2=o.l2,
                                      real_chebyshev=o.chebyshev)
-                    for o in log.outputs if o.name not in ev.outputs]
+                    for o in log.outputs if id(o) not in paired]
         if terms is None and figures is None:
             terms = "tuner pooled over its evaluation data, plain cosine (not hb_mapper's terms)"
         return cls(nodes=nodes, outputs=outputs, sim_method=ev.calibration.describe(), real_method=log.method,
@@ -282,6 +288,9 @@ class Comparison:
     # -- (de)serialising -----------------------------------------------------------------
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for o in d["outputs"]:      # absent unless an old log named the output's node: the stored shape stays
+            if o["real_row"] is None:
+                del o["real_row"]
         d["summary"] = {"spearman": self.spearman, "n_paired": self.n_paired,
                         "output_cosine_gap": self.output_cosine_gap, "real_output_cosine": self.real_output_cosine,
                         "sim_output_cosine": self.sim_output_cosine,
@@ -343,7 +352,8 @@ class Comparison:
 
         return table(["Output", "Cosine real", "Cosine sim", "gap", "Cosine sim pooled", "L1 real", "L1 sim",
                       "L2 real", "L2 sim", "Chebyshev real", "Chebyshev sim"],
-                     [[o.name, _f(o.real_cosine), _f(o.sim_cosine), _f(o.gap, sign=True), _f(o.sim_cosine_pooled),
+                     [[o.name + (f" (log: {o.real_row})" if o.real_row else ""),
+                       _f(o.real_cosine), _f(o.sim_cosine), _f(o.gap, sign=True), _f(o.sim_cosine_pooled),
                        _f(o.real_l1), _f(o.sim_l1), _f(o.real_l2), _f(o.sim_l2), _f(o.real_chebyshev),
                        _f(o.sim_chebyshev)] for o in self.outputs])
 
@@ -377,17 +387,27 @@ def _dtype_text(row) -> str | None:
     return row.out_dtype
 
 
+def output_rows(log: HbLog, outputs: list[str], producers: Mapping[str, str] | None) -> dict[str, OutputRecord]:
+    """Model output -> its row of the log's output table.
+
+    From hb_mapper 1.24 the table names the model's outputs. Before, it is headed ``Node`` and
+    names the node that computes each output (the 1.18.2 log in tests/toolchain/real_logs:
+    ``/model.22/Sigmoid`` for an output called ``output0``), so a row is the output whose
+    producer it names (as the log prints names: a cut ``...tail`` matches by its tail), and
+    without ``producers`` such a table pairs with no output."""
+    if log.outputs_by != "node":
+        by_name = {o.name: o for o in log.outputs}
+        return {name: by_name[name] for name in outputs if name in by_name}
+    out: dict[str, OutputRecord] = {}
+    for name in outputs:
+        node = (producers or {}).get(name)
+        row = next((o for o in log.outputs if node and name_matches(o.name, node)), None)
+        if row is not None and all(row is not r for r in out.values()):
+            out[name] = row
+    return out
+
+
 def _f(value: float | None, digits: int = 6, sign: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "--"
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
-
-
-def comparison_for_trial(study, trial) -> Comparison | None:
-    """The comparison stored for a trial by ``tuner verify`` or ``tuner import-log --study/--trial``,
-    or None when no log was attached to it. ``trial`` is a FrozenTrial or a trial number."""
-    number = trial if isinstance(trial, int) else trial.number
-    rec = real_record(study, number)
-    if not rec or not rec.get("comparison"):
-        return None
-    return Comparison.from_dict(rec["comparison"])

@@ -42,6 +42,7 @@ class LogFigures:
     nodes: dict[str, HbDistances]          # node -> hb figures of its (first) output
     outputs: dict[str, HbDistances]        # model output -> hb figures
     samples: int
+    producers: dict[str, str]              # model output -> the node computing it (old logs name outputs so)
 
 
 def log_simulator(ws) -> Simulator:
@@ -69,8 +70,9 @@ def log_figures(sim: Simulator, candidate: Candidate) -> LogFigures:
         samples += 1
     figures = {t: HbDistances.from_similarity(s) for t, s in acc.items() if s.count}
     nodes = {n.name: figures[n.outputs[0]] for n in sim.graph if n.outputs and n.outputs[0] in figures}
+    producers = {o: n.name for n in sim.graph for o in n.outputs if o in outputs}
     return LogFigures(evaluation=ev, nodes=nodes, outputs={o: figures[o] for o in outputs if o in figures},
-                      samples=samples)
+                      samples=samples, producers=producers)
 
 
 def compare_with_log(log_sim: Simulator, candidate: Candidate, log: HbLog,
@@ -84,4 +86,5 @@ def compare_with_log(log_sim: Simulator, candidate: Candidate, log: HbLog,
         pooled = pooled_sim.evaluate(candidate.with_calibration(cast(Calibration, figures.evaluation.calibration)))
     return Comparison.build(figures.evaluation, log, figures=figures, pooled=pooled,
                             terms=TERMS, pooled_data=pooled_data,
-                            pooled_samples=len(pooled_sim.reference) if pooled_sim is not None else None)
+                            pooled_samples=len(pooled_sim.reference) if pooled_sim is not None else None,
+                            producers=figures.producers)

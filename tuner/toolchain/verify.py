@@ -7,8 +7,8 @@ what it left: ``hb_mapper_makertbin.log`` in the folder (or a log printed on std
 a JSON object printed as the last line of stdout (a board evaluation: ``{"accuracy": 0.71}``,
 or keyed by the study's objective, e.g. ``{"miou:seg": 0.71, "latency_ms": 8.2}``).
 
-What is stored (see :mod:`tuner.toolchain.records`): the real record under the study user
-attribute ``real:N``, with the per-node comparison when a log was read. What is fed back:
+What is stored (see :mod:`tuner.toolchain.records`): a :class:`RealRecord` under the study
+user attribute ``real:N``, with the per-node comparison when a log was read. What is fed back:
 when the record holds a real accuracy comparable with the study's objective (the JSON's,
 or the log's output cosines for cosine objectives), a COMPLETE trial with the same
 parameters and the real value is added (``study.add_trial``), so TPE learns that this
@@ -29,6 +29,7 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,13 +44,12 @@ from tuner.files import write_atomic
 from tuner.simulate import Simulator
 from tuner.study import results
 from tuner.study.outputs import export_trial
-from tuner.study.record import Objectives
 from tuner.study.space import load_space
 from tuner.study.storage import study_info
-from tuner.toolchain.compare import Comparison
+from tuner.toolchain.compare import Comparison, output_rows
 from tuner.toolchain.hblog import HbLog, parse_log, read_log
 from tuner.toolchain.logterms import compare_with_log, log_simulator
-from tuner.toolchain.records import real_record, real_records, save_real
+from tuner.toolchain.records import RealRecord, real_record, real_records, save_real
 from tuner.workspace import Workspace
 
 LOG_NAME = "hb_mapper_makertbin.log"
@@ -127,8 +127,11 @@ def find_log(folder: Path, output: str, log_name: str, started: float) -> HbLog 
 # --------------------------------------------------------------------------- figures
 
 
-def real_accuracy(objective: str, log: HbLog | None, data: dict[str, Any] | None) -> tuple[float | None, str | None]:
-    """A real value comparable with the study's accuracy objective, and where it came from."""
+def real_accuracy(objective: str, log: HbLog | None, data: dict[str, Any] | None,
+                  producers: Mapping[str, str] | None = None) -> tuple[float | None, str | None]:
+    """A real value comparable with the study's accuracy objective, and where it came from.
+    ``producers`` (model output -> its node) reads ``cosine:<output>`` from a log whose output
+    table names nodes (hb_mapper before 1.24; :func:`tuner.toolchain.compare.output_rows`)."""
     if data:
         for key in (objective, "accuracy"):
             v = data.get(key)
@@ -141,8 +144,9 @@ def real_accuracy(objective: str, log: HbLog | None, data: dict[str, Any] | None
         if cos and objective == "min_cosine":
             return min(cos.values()), "log:min_cosine"
         kind, _, name = objective.partition(":")
-        if kind == "cosine" and name in cos:
-            return cos[name], f"log:{objective}"
+        row = output_rows(log, [name], producers).get(name) if kind == "cosine" else None
+        if row is not None and row.cosine is not None:
+            return row.cosine, f"log:{objective}"
     return None, None
 
 
@@ -170,20 +174,26 @@ class StudyContext:
 
     @property
     def objective(self) -> str:
-        return self.info["objectives"].get("accuracy", "mean_cosine")
+        return self.info.objectives.accuracy
 
     @property
     def mode(self) -> str:
-        return self.info["mode"]
+        return self.info.mode
 
     def workspace(self):
         if self._ws is None:
-            space_path = Path(self.info.get("space_path", ""))
+            space_path = Path(self.info.space_path)
             if space_path.is_file():
                 self._ws = Workspace.for_space(load_space(space_path), threads=self.threads)
             else:
-                self._ws = Workspace.open(self.info["base_path"], march=self.info.get("march"), threads=self.threads)
+                self._ws = Workspace.open(self.info.base_path, march=self.info.march, threads=self.threads)
         return self._ws
+
+    def producers(self) -> dict[str, str]:
+        """Model output -> the node computing it, in the graph hb_mapper converts."""
+        ws = self.workspace()
+        outputs = set(ws.model.output_names)
+        return {o: n.name for n in ws.graph for o in n.outputs if o in outputs}
 
     def compare(self, row: results.Row, log: HbLog) -> Comparison:
 
@@ -197,8 +207,8 @@ class StudyContext:
     def export(self, row: results.Row, folder: Path) -> Path:
         """The trial's YAML in ``folder``, building into ``folder/model_output``."""
         out = folder / f"trial_{row.number:05d}.yaml"
-        export_trial(row, out, Path(self.info["base_path"]), self.info.get("node_info_supported", True), None,
-                     {"study": self.study.study_name, **self.info["fingerprints"]})
+        export_trial(row, out, Path(self.info.base_path), self.info.node_info_supported, None,
+                     {"study": self.study.study_name, **self.info.fingerprints})
         text = out.read_text(encoding="utf-8")
         header = [line for line in text.splitlines() if line.startswith("#")]
         cfg = yaml.safe_load(text)
@@ -206,14 +216,13 @@ class StudyContext:
         write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg))
         return out
 
-    def feed_back(self, row: results.Row, accuracy: float, latency_ms: float | None, record: dict) -> int:
+    def feed_back(self, row: results.Row, accuracy: float, latency_ms: float | None, record: RealRecord) -> int:
         """Add a COMPLETE trial with the trial's parameters and the real value; returns its number."""
-        obj = Objectives.from_dict({**self.info["objectives"], "mode": self.mode})
+        obj = self.info.objectives
         lat = latency_ms if latency_ms is not None else row.latency_ms
         values = obj.values(accuracy, lat)
         constraints = obj.constraints(accuracy, lat)
-        summary = {k: record.get(k) for k in ("status", "accuracy", "accuracy_source", "latency_ms", "output_cosine",
-                                               "sim_accuracy", "when")}
+        summary = record.summary()
         if row.trial is None:
             raise ValueError(f"trial {row.number}: a row made by hand has no parameters to feed back")
         trial = optuna.trial.create_trial(
@@ -225,33 +234,32 @@ class StudyContext:
         return max(t.number for t in self.study.get_trials(deepcopy=False)
                    if t.user_attrs.get("verified_from") == row.number)
 
-    def finish(self, row: results.Row, record: dict[str, Any], log: HbLog | None, data: dict | None,
-               feedback: bool) -> dict[str, Any]:
-        """Fill the real figures into ``record`` (comparison, accuracy), store it, feed it back."""
-        record["sim_accuracy"] = row.accuracy
-        record["objective"] = self.objective
+    def finish(self, row: results.Row, record: RealRecord, log: HbLog | None, data: dict | None,
+               feedback: bool) -> RealRecord:
+        """``record`` with the real figures filled in (comparison, accuracy), stored, fed back."""
+        record = record.with_(sim_accuracy=row.accuracy, objective=self.objective)
         if log is not None:
-            record["log_summary"] = _log_summary(log)
-            record["output_cosine"] = log.mean_output_cosine
-            record["method"] = log.method
+            record = record.with_(log_summary=_log_summary(log), output_cosine=log.mean_output_cosine,
+                                  method=log.method)
             if log.has_tables:
                 try:
-                    record["comparison"] = self.compare(row, log).as_dict()
+                    record = record.with_(comparison=self.compare(row, log))
                 except (TunerError, OSError, ValueError) as exc:
-                    record["comparison_error"] = str(exc)
+                    record = record.with_(comparison_error=str(exc))
         if data is not None:
-            record["json"] = data
+            record = record.with_(board=data)
             lat = data.get("latency_ms")
             if isinstance(lat, (int, float)) and not isinstance(lat, bool) and math.isfinite(lat):
-                record["latency_ms"] = float(lat)
-        acc, source = real_accuracy(self.objective, log, data)
-        record["accuracy"], record["accuracy_source"] = acc, source
-        if record.get("status") == "ok" and acc is None and not (log is not None and log.has_tables):
-            record["status"] = "unusable"
-            record["error"] = ("the command printed neither an hb_mapper log with its tables nor a JSON object with "
-                               f"'accuracy' or {self.objective!r}")
-        if record.get("status") == "ok" and acc is not None and feedback:
-            record["feedback_trial"] = self.feed_back(row, acc, record.get("latency_ms"), record)
+                record = record.with_(latency_ms=float(lat))
+        producers = self.producers() if log is not None and log.outputs_by == "node" else None
+        acc, source = real_accuracy(self.objective, log, data, producers)
+        record = record.with_(accuracy=acc, accuracy_source=source)
+        if record.ok and acc is None and not (log is not None and log.has_tables):
+            record = record.with_(status="unusable", error=(
+                "the command printed neither an hb_mapper log with its tables nor a JSON object with "
+                f"'accuracy' or {self.objective!r}"))
+        if record.ok and acc is not None and feedback:
+            record = record.with_(feedback_trial=self.feed_back(row, acc, record.latency_ms, record))
         save_real(self.study, row.number, record)
         return record
 
@@ -284,39 +292,38 @@ def choose(rows: list[results.Row], mode: str, top: int | None, numbers: list[in
 
 
 def verify_trial(ctx: StudyContext, row: results.Row, command: str, timeout: float | None,
-                 log_name: str = LOG_NAME, feedback: bool = True) -> dict[str, Any]:
+                 log_name: str = LOG_NAME, feedback: bool = True) -> RealRecord:
     folder = ctx.paths.root / "verify" / f"trial_{row.number:05d}"
-    record: dict[str, Any] = {"status": "ok", "when": _now(), "dir": str(folder)}
+    record = RealRecord(status="ok", when=_now(), dir=str(folder))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         yaml_path = ctx.export(row, folder)
     except (TunerError, OSError) as exc:
-        record.update(status="error", error=f"export failed: {exc}")
+        record = record.with_(status="error", error=f"export failed: {exc}")
         save_real(ctx.study, row.number, record)
         return record
     (folder / log_name).unlink(missing_ok=True)     # never import a stale log from an earlier run
     cmd = substitute(command, yaml_path.resolve(), folder.resolve(), row.number)
-    record.update(yaml=str(yaml_path), command=cmd)
     started = time.time()
     res = run_command(cmd, folder, timeout)
     (folder / "output.txt").write_text(res.output, encoding="utf-8")
-    record.update(returncode=res.returncode, seconds=round(res.seconds, 3))
+    record = record.with_(yaml=str(yaml_path), command=cmd, returncode=res.returncode, seconds=round(res.seconds, 3))
     log = find_log(folder, res.output, log_name, started)
     data = last_json(res.output)
     if res.timed_out:
-        record.update(status="timeout", error=f"no result within {timeout:g} s; the command was killed")
+        record = record.with_(status="timeout", error=f"no result within {timeout:g} s; the command was killed")
         log, data = None, None
     elif res.returncode != 0:
         last = next((s.strip() for s in reversed(res.output.strip().splitlines()) if s.strip()), "no output")
         tail = log.errors[-1] if log is not None and log.errors and log.path != "stdout" else last
-        record.update(status="failed", error=f"exit code {res.returncode}: {tail[-300:]}")
+        record = record.with_(status="failed", error=f"exit code {res.returncode}: {tail[-300:]}")
         log, data = None, None
     return ctx.finish(row, record, log, data, feedback)
 
 
 def verify_study(ctx: StudyContext, command: str, top: int | None = None, numbers: list[int] | None = None,
                  timeout: float | None = None, again: bool = False, feedback: bool = True,
-                 log_name: str = LOG_NAME, say=None) -> list[tuple[results.Row, dict[str, Any]]]:
+                 log_name: str = LOG_NAME, say=None) -> list[tuple[results.Row, RealRecord]]:
     rows = results.rows(ctx.study)
     chosen = choose(rows, ctx.mode, top, numbers)
     if not chosen:
@@ -324,46 +331,43 @@ def verify_study(ctx: StudyContext, command: str, top: int | None = None, number
     done = []
     for i, row in enumerate(chosen, 1):
         old = real_record(ctx.study, row.number)
-        if old and old.get("status") == "ok" and not again and not numbers:
+        if old is not None and old.ok and not again and not numbers:
             if say:
-                say(f"[{i}/{len(chosen)}] trial {row.number}: verified before ({old.get('when')}); --again to rerun")
+                say(f"[{i}/{len(chosen)}] trial {row.number}: verified before ({old.when}); --again to rerun")
             done.append((row, old))
             continue
         if say:
             say(f"[{i}/{len(chosen)}] trial {row.number}: running the command")
         rec = verify_trial(ctx, row, command, timeout, log_name, feedback)
         if say:
-            say(f"[{i}/{len(chosen)}] trial {row.number}: {rec['status']}"
-                + (f" ({rec['error']})" if rec.get("error") else ""))
+            say(f"[{i}/{len(chosen)}] trial {row.number}: {rec.status}" + (f" ({rec.error})" if rec.error else ""))
         done.append((row, rec))
     return done
 
 
-def attach_log(ctx: StudyContext, number: int, log: HbLog, feedback: bool = True) -> dict[str, Any]:
+def attach_log(ctx: StudyContext, number: int, log: HbLog, feedback: bool = True) -> RealRecord:
     """``tuner import-log LOG --study S --trial N``: a log from a run made by hand, stored like verify's."""
     by_number = {r.number: r for r in results.rows(ctx.study)}
     if number not in by_number:
         raise TunerError(f"trial {number} is not a completed trial of study {ctx.study.study_name!r}")
-    record = {"status": "ok", "when": _now(), "imported": log.path}
-    return ctx.finish(by_number[number], record, log, None, feedback)
+    return ctx.finish(by_number[number], RealRecord(status="ok", when=_now(), imported=log.path), log, None, feedback)
 
 
 # --------------------------------------------------------------------------- presenting
 
 
-def results_table(done: list[tuple[results.Row, dict[str, Any]]]) -> str:
+def results_table(done: list[tuple[results.Row, RealRecord]]) -> str:
 
     def f(v, d=6, sign=False):
         return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")
 
     rows = []
     for row, rec in done:
-        s = (rec.get("comparison") or {}).get("summary", {})
-        gap = None if rec.get("accuracy") is None else rec["accuracy"] - row.accuracy
-        rows.append([str(row.number), rec.get("status", "?"), f(row.accuracy), f(rec.get("accuracy")), f(gap, sign=True),
-                     f(s.get("output_cosine_gap"), sign=True), f(s.get("spearman"), 3),
-                     str(len(s.get("int16_refused") or [])) if s else "--",
-                     f(rec.get("seconds"), 1), (rec.get("error") or "")[:80]])
+        c = rec.comparison
+        gap = None if rec.accuracy is None else rec.accuracy - row.accuracy
+        rows.append([str(row.number), rec.status, f(row.accuracy), f(rec.accuracy), f(gap, sign=True),
+                     f(c.output_cosine_gap if c else None, sign=True), f(c.spearman if c else None, 3),
+                     str(len(c.int16_refused)) if c else "--", f(rec.seconds, 1), (rec.error or "")[:80]])
     return table(["trial", "status", "simulated", "real", "real - sim", "output cos gap", "Spearman", "int16 refused",
                   "seconds", "problem"], rows)
 
@@ -375,21 +379,27 @@ def real_summary(study: optuna.Study) -> str | None:
         return None
     by_number = {r.number: r for r in results.rows(study)}
     done = [(by_number[n], rec) for n, rec in recs.items() if n in by_number]
-    ok = sum(1 for _, r in done if r.get("status") == "ok")
+    ok = sum(1 for _, r in done if r.ok)
     return (f"Verified with the real toolchain ({ok} of {len(done)} ok; 'real' is comparable with the objective "
             f"where the log or the command's JSON gave it):\n" + results_table(done))
 
 
-def best_real(study: optuna.Study, mode: str, min_accuracy: float | None) -> tuple[results.Row, dict] | None:
+def best_real(study: optuna.Study, mode: str, min_accuracy: float | None) -> tuple[results.Row, RealRecord] | None:
     """The trial to export by its real figure (same rule as :func:`tuner.study.results.best`)."""
     recs = real_records(study)
     by_number = {r.number: r for r in results.rows(study)}
-    cands = [(by_number[n], rec) for n, rec in recs.items()
-             if n in by_number and rec.get("status") == "ok" and rec.get("accuracy") is not None]
+    cands = [(by_number[n], rec, acc) for n, rec in recs.items()
+             if n in by_number and (acc := rec.real_accuracy) is not None]
     if min_accuracy is not None:
-        cands = [(r, rec) for r, rec in cands if rec["accuracy"] >= min_accuracy]
+        cands = [c for c in cands if c[2] >= min_accuracy]
     if not cands:
         return None
+
+    def latency(c: tuple[results.Row, RealRecord, float]) -> float:
+        return c[1].latency_ms if c[1].latency_ms is not None else c[0].latency_ms
+
     if mode == "latency" or (mode == "pareto" and min_accuracy is not None):
-        return min(cands, key=lambda c: (c[1].get("latency_ms") or c[0].latency_ms, -c[1]["accuracy"], c[0].number))
-    return max(cands, key=lambda c: (c[1]["accuracy"], -(c[1].get("latency_ms") or c[0].latency_ms), -c[0].number))
+        chosen = min(cands, key=lambda c: (latency(c), -c[2], c[0].number))
+    else:
+        chosen = max(cands, key=lambda c: (c[2], -latency(c), -c[0].number))
+    return chosen[0], chosen[1]
