@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.study(p)
         a.storage(p)
         a.results_dir(p)
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print the status as one JSON object (for scripts)")
         if name == "export":
             p.add_argument("--trial", type=int, help="trial number (default: the best feasible trial)")
             p.add_argument("--out", help="output YAML (default: results/<study>/trial_NNNNN.yaml); an existing file "
@@ -104,6 +106,8 @@ def search(args: argparse.Namespace) -> int:
     # consistent, print the summary; a second Ctrl-C aborts the trial.
     install_stop_handlers(_stop_message)
     study, info = run(search, n_trials, timeout, args.jobs, seed)
+    for notice in search.notices:
+        print(notice)
     if info["zombies"]:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
@@ -162,29 +166,69 @@ def _data_ok(space_path: str) -> bool:
     return True
 
 
+def _print_infeasible(study: Any, rs: list[Any]) -> None:
+    """No trial meets the constraints: the closest one, the front of all trials, next steps."""
+    from tuner.console import table
+    from tuner.study.results import closest, front_of_all, next_steps, study_objectives
+
+    objectives = study_objectives(study)
+    found = closest(rs, objectives) if objectives is not None else None
+    print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
+    if found is None:
+        return
+    print(f"closest: {found.text()}  -> closest.yaml")
+    print("\nPareto front of all trials (none feasible):")
+    print(table(["trial", "accuracy", "latency ms", "CPU", "int16", "calibration"],
+                [[("*" if r.number == found.row.number else " ") + str(r.number), f"{r.accuracy:.6f}",
+                  f"{r.latency_ms:.3f}", str(r.counts.cpu_nodes), str(r.counts.int16_nodes), r.calibration]
+                 for r in front_of_all(rs)]))
+    print("\nnext steps:")
+    for step in next_steps(found, study.study_name):
+        print(f"  - {step}")
+
+
 def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None) -> None:
     """Trial counts, the Pareto front (the best marked) and where the results are."""
     from optuna.trial import TrialState
 
     from tuner.console import table
-    from tuner.study.results import best, pareto, rows
+    from tuner.study.results import best, pareto, rows, study_objectives
+    from tuner.study.validation import choose_best, stored
 
     rs = rows(study)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     n_fail = sum(s == TrialState.FAIL for s in states)
     print(f"\n{len(rs)} completed trial(s), {n_fail} failed, {sum(s == TrialState.RUNNING for s in states)} running")
     front = pareto(rs)
+    objectives = study_objectives(study)
+    vals = stored(study)
     if front:
-        b = best(rs, mode, min_accuracy)
+        b, chosen_by = (choose_best(rs, vals, objectives) if objectives is not None
+                        else (best(rs, mode, min_accuracy), "eval"))
         print("\nPareto front (accuracy up, modeled latency down):")
-        print(table(["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"],
+        val_cols = ["validation", "worst val", "worst eval"] if vals else []
+
+        def checked(n: int) -> list[str]:
+            v = vals.get(n)
+            return ([f"{v.accuracy:.6f}", f"{v.worst_sample:.6f}", f"{v.eval_worst_sample:.6f}"] if v
+                    else ["--"] * 3) if vals else []
+
+        print(table(["trial", "accuracy", "latency ms"] + val_cols + ["subgraphs", "CPU", "int16", "calibration",
+                                                                    "plan"],
                     [[("*" if b and r.number == b.number else " ") + str(r.number), f"{r.accuracy:.6f}",
-                      f"{r.latency_ms:.3f}", str(r.counts.subgraphs), str(r.counts.cpu_nodes),
-                      str(r.counts.int16_nodes), r.calibration, r.plan or ""] for r in front]))
+                      f"{r.latency_ms:.3f}"] + checked(r.number) + [str(r.counts.subgraphs), str(r.counts.cpu_nodes),
+                                                                    str(r.counts.int16_nodes), r.calibration,
+                                                                    r.plan or ""] for r in front]))
+        if vals and b is not None:
+            v = next(iter(vals.values()))
+            print(f"validation: {v.samples} sample(s) the search did not select on ({v.metric}); best (*) chosen "
+                  f"by the {chosen_by} figure" + (" (objectives.select)" if objectives and objectives.select else ""))
     elif rs:
-        print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
+        _print_infeasible(study, rs)
     if paths.best.exists():
         print(f"\nbest: {paths.best}   Pareto configs: {paths.pareto}/   trials: {paths.trials_csv}")
+    elif paths.closest.exists():
+        print(f"\nclosest (not feasible): {paths.closest}   trials: {paths.trials_csv}")
     if paths.report.exists():
         print(f"report: {paths.report}")
 
@@ -193,7 +237,7 @@ def report(args: argparse.Namespace) -> int:
     from tuner.console import progress_printer
     from tuner.study.outputs import study_report
     from tuner.study.session import StudySession
-    from tuner.study.storage import FINGERPRINTS, open_existing, redact, study_info
+    from tuner.study.storage import open_existing, redact, study_info
     from tuner.study.warmstart import node_sensitivity
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
@@ -203,7 +247,7 @@ def report(args: argparse.Namespace) -> int:
     out: Path | None
     try:
         search = StudySession.open(info.space_path, study.study_name, args.storage, paths.root.parent, args.threads)
-        changed = [k for k in FINGERPRINTS if search.fingerprints()[k] != info.fingerprints.get(k)]
+        changed = search.changed_inputs(info.fingerprints)
         if changed:
             raise TunerError(f"the {', '.join(changed)} file(s) changed since the study ran")
     except TunerError as exc:
@@ -229,6 +273,13 @@ def status(args: argparse.Namespace) -> int:
     from tuner.toolchain.verify import real_summary
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
+    if args.json:
+        import json
+
+        from tuner.study.status import study_status
+
+        print(json.dumps(study_status(study, paths).to_json(), indent=2, allow_nan=False))
+        return 0
     info = study_info(study)
     print(f"study {study.study_name}: mode {info.mode}, march {info.march}, base {info.base_path}")
     print_summary(study, paths, info.mode, info.objectives.min_accuracy)
@@ -241,7 +292,7 @@ def status(args: argparse.Namespace) -> int:
 def export(args: argparse.Namespace) -> int:
     from tuner.files import check_writable
     from tuner.study.outputs import export_trial
-    from tuner.study.results import best, rows
+    from tuner.study.results import rows
     from tuner.study.storage import open_existing, study_info
     from tuner.toolchain.verify import best_real
 
@@ -269,9 +320,16 @@ def export(args: argparse.Namespace) -> int:
         row = found[0]
         print(f"trial {row.number}: real accuracy {found[1].accuracy:.6f} ({found[1].accuracy_source})")
     else:
-        picked = best(rs, info.mode, info.objectives.min_accuracy)
+        from tuner.study.validation import choose_best, stored
+
+        picked, _ = choose_best(rs, stored(study), info.objectives)    # best.yaml's rule
         if picked is None:
-            raise TunerError(f"study {study.study_name!r} has no feasible completed trial to export yet")
+            from tuner.study.results import closest
+
+            near = closest(rs, info.objectives)
+            raise TunerError(f"study {study.study_name!r} has no feasible completed trial to export yet"
+                             + (f"; the closest is {near.text()}: tuner export {study.study_name} --trial "
+                                f"{near.row.number}" if near is not None else ""))
         row = picked
     out = Path(args.out) if args.out else paths.root / f"trial_{row.number:05d}.yaml"
     notes = export_trial(row, out, Path(info.base_path), info.node_info_supported, None,

@@ -80,6 +80,7 @@ class Evaluation:
     nodes: list[NodeRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    samples: list[dict[str, dict[str, float]]] = field(default_factory=list)  # per sample, like outputs (per_sample)
 
     @property
     def mean_cosine(self) -> float:
@@ -265,10 +266,12 @@ class Simulator:
     def plan(self, candidate: Candidate) -> Plan:
         return make_plan(self.graph, self.target, candidate)
 
-    def evaluate(self, candidate: Candidate, per_node: bool = False) -> Evaluation:
+    def evaluate(self, candidate: Candidate, per_node: bool = False, per_sample: bool = False) -> Evaluation:
+        """``per_sample``: also each sample's output figures (``Evaluation.samples``), for the
+        worst case next to the pooled mean."""
         t0 = time.perf_counter()
         calibration, notes = self.resolve(candidate)
-        ev = self._run(candidate, calibration, per_node)
+        ev = self._run(candidate, calibration, per_node, per_sample)
         self.thresholds.flush()
         ev.notes = notes + ev.plan.notes
         ev.seconds = time.perf_counter() - t0
@@ -302,7 +305,8 @@ class Simulator:
             self._sessions.popitem(last=False)
         return session
 
-    def _run(self, candidate: Candidate, calibration: Resolved, per_node: bool) -> Evaluation:
+    def _run(self, candidate: Candidate, calibration: Resolved, per_node: bool,
+             per_sample: bool = False) -> Evaluation:
         plan = self.plan(candidate)
         extra = [n.outputs[0] for n in self.graph
                  if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
@@ -315,6 +319,7 @@ class Simulator:
         sims = {o: Similarity() for o in outputs}
         node_sims = {t: Similarity() for t in extra}
         task = TaskScore(self.task_metrics, self.user_fns) if self.task_metrics else None
+        samples: list[dict[str, dict[str, float]]] = []
         if per_node:
             float_nodes = make_session(with_outputs(expand_softmax(self.model.proto) if plan.softmax
                                                     else self.model.proto, extra))
@@ -325,6 +330,11 @@ class Simulator:
                 sims[o].update(self.reference[i][o], values[o], self._ref_sq[i][o])
                 if not sims[o].finite:
                     raise FloatingPointError(f"the simulated model produced non-finite values at output {o!r}")
+            if per_sample:
+                one = {o: Similarity() for o in outputs}
+                for o in outputs:
+                    one[o].update(self.reference[i][o], values[o], self._ref_sq[i][o])
+                samples.append({o: s.as_dict() for o, s in one.items()})
             if task is not None:
                 task.update(self.reference[i], {o: values[o] for o in outputs}, self._label(i))
             if per_node:
@@ -333,7 +343,7 @@ class Simulator:
                     node_sims[t].update(ref[t], values[t] if t in outputs else values[raw.get(t, t)])
         ev = Evaluation(candidate=candidate, calibration=calibration,
                         outputs={o: s.as_dict() for o, s in sims.items()}, plan=plan,
-                        task=task.results() if task is not None else {})
+                        task=task.results() if task is not None else {}, samples=samples)
         if per_node:
             ev.nodes = self._rows(plan, calibration, node_sims)
         return ev

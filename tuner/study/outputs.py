@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,9 +25,10 @@ from tuner import __version__
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.study import results
-from tuner.study.record import TrialRecord, direction_name
+from tuner.study.record import Objectives, TrialRecord, direction_name
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
+from tuner.study.validation import Validation, choose_best
 from tuner.toolchain.records import real_records
 
 
@@ -54,8 +55,9 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
 
 
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
-                 node_names: set[str] | None, provenance: dict[str, str]) -> list[str]:
-    """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes."""
+                 node_names: set[str] | None, provenance: dict[str, str], comments: tuple[str, ...] = ()) -> list[str]:
+    """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
+    go into the header after the figures (closest.yaml says what it misses)."""
     if not base_path.is_file():
         raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
     base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
@@ -67,22 +69,29 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
               f"# simulated accuracy {rec.accuracy:.6f}, modeled latency {rec.latency_ms:.3f} ms, "
               f"{rec.counts.subgraphs} BPU subgraph(s), {rec.counts.cpu_nodes} CPU node(s), "
               f"{rec.counts.int16_nodes} int16 node(s); calibration {rec.calibration.method}"]
+    header += [f"# {c}" for c in comments]
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
     write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
     return notes
 
 
-def trials_csv(rows: list[results.Row]) -> str:
+def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = None) -> str:
+    """One line per completed trial; with ``vals``, the validation figures of the trials re-scored
+    (blank for the others) and each one's per-sample worst case."""
     buf = io.StringIO()
     w = csv.writer(buf)
     task = list(dict.fromkeys(k for r in rows for k in r.trial_record.task))
+    extra = ["validation_accuracy", "validation_worst_sample", "eval_worst_sample"] if vals else []
     w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes"] + task
-               + ["calibration", "plan"])
+               + extra + ["calibration", "plan"])
     for r in sorted(rows, key=lambda r: r.number):
         values = [f"{r.trial_record.task[k]:.6f}" if k in r.trial_record.task else "" for k in task]
+        v = (vals or {}).get(r.number)
+        checked = [f"{v.accuracy:.6f}", f"{v.worst_sample:.6f}", f"{v.eval_worst_sample:.6f}"] if v else ["", "", ""]
         w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts.subgraphs,
-                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + [r.calibration, r.plan or ""])
+                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + (checked if vals else [])
+                   + [r.calibration, r.plan or ""])
     return buf.getvalue()
 
 
@@ -114,9 +123,15 @@ class ResultFiles:
 
     ``export(row, path)`` writes one trial's YAML (the session's :meth:`export`)."""
 
-    def __init__(self, paths: StudyPaths, mode: str, min_accuracy: float | None,
-                 export: Callable[[results.Row, Path], Any]) -> None:
-        self.paths, self.mode, self.min_accuracy, self.export = paths, mode, min_accuracy, export
+    def __init__(self, paths: StudyPaths, objectives: Objectives, export: Callable[..., Any],
+                 validate: Callable[[optuna.Study, list[results.Row]], dict[int, Validation]] | None = None) -> None:
+        """``validate``: re-scores rows on the validation data (:class:`tuner.study.validation.Validator`);
+        at the end (``finish``) the front and the best are validated and best.yaml is chosen by
+        :func:`tuner.study.validation.choose_best`."""
+        self.paths, self.objectives, self.export, self.validate = paths, objectives, export, validate
+        self.mode, self.min_accuracy = objectives.mode, objectives.min_accuracy
+        self.vals: dict[int, Validation] = {}
+        self.chosen_by = "eval"
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
         self._last_front: list[tuple[float, float]] = []
         self._last_best: results.Row | None = None
@@ -130,7 +145,7 @@ class ResultFiles:
                                           or time.monotonic() - self._csv_at >= CSV_EVERY_S)
 
     def _write_csv(self, rows: list[results.Row]) -> None:
-        write_atomic(self.paths.trials_csv, trials_csv(rows))
+        write_atomic(self.paths.trials_csv, trials_csv(rows, self.vals))
         self._csv_at, self._csv_pending = time.monotonic(), 0
 
     # the loop's callback protocol
@@ -145,7 +160,7 @@ class ResultFiles:
 
     def _may_change(self, trial: FrozenTrial) -> bool:
         rec = TrialRecord.of_trial(trial)
-        if rec is None or rec.duplicate_of is not None or any(v > 0 for v in (trial.constraints or {}).values()):
+        if rec is None or rec.duplicate_of is not None or not self.objectives.feasible(rec.accuracy, rec.latency_ms):
             return False
         acc, lat = rec.accuracy, rec.latency_ms
         return not any(a >= acc and t <= lat and (a > acc or t < lat) for a, t in self._last_front)
@@ -160,11 +175,20 @@ class ResultFiles:
             self._csv_pending += 1
         if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
             if self._csv_due():
-                self._write_csv(results.rows(study))
+                self._write_csv(results.rows(study, self.objectives))
             return self._last_best
-        rows = results.rows(study)
+        rows = results.rows(study, self.objectives)
         front = results.pareto(rows)
         best = results.best(rows, self.mode, self.min_accuracy)
+        comments: tuple[str, ...] = ()
+        if force and self.validate is not None and front:
+            self.vals = self.validate(study, list({r.number: r for r in front + ([best] if best else [])}.values()))
+            best, self.chosen_by = choose_best(rows, self.vals, self.objectives)
+            v = self.vals.get(best.number) if best is not None else None
+            if v is not None:
+                comments = (f"validation ({v.samples} sample(s) the search did not select on): {v.metric} "
+                            f"{v.accuracy:.6f}, worst sample {v.worst_sample:.6f}; chosen by the "
+                            f"{self.chosen_by} figure",)
         self._last_front = [(r.accuracy, r.latency_ms) for r in front]
         self._last_best = best
         state = (best.number if best else None, tuple(r.number for r in front))
@@ -174,7 +198,10 @@ class ResultFiles:
             return best
         self._last_written = state
         if best is not None:
-            self.export(best, self.paths.best)
+            self.export(best, self.paths.best, comments=comments)
+            self.paths.closest.unlink(missing_ok=True)     # a feasible answer replaces the closest one
+        else:
+            self._write_closest(rows)
         self.paths.pareto.mkdir(parents=True, exist_ok=True)
         keep: set[str] = set()
         for r in front:
@@ -187,6 +214,15 @@ class ResultFiles:
                 old.unlink(missing_ok=True)
         self._write_csv(rows)
         return best
+
+    def _write_closest(self, rows: list[results.Row]) -> None:
+        """closest.yaml while no trial meets the constraints: an answer, marked as one that misses."""
+        found = results.closest(rows, self.objectives)
+        if found is None:
+            return
+        self.export(found.row, self.paths.closest,
+                    comments=(f"NOT FEASIBLE: the trial nearest the constraints ({found.text()})",
+                              "no trial of the study meets them yet; see 'tuner status' for next steps"))
 
 
 class ReportFile:

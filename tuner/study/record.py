@@ -170,6 +170,7 @@ class Objectives:
     report: tuple[str, ...] = ()         # task metrics recorded with every trial
     min_accuracy: float | None = None    # feasibility floor
     max_latency_ms: float | None = None  # feasibility ceiling
+    select: str | None = None            # best.yaml by "eval" or "validation" (None: validation when there is one)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -180,12 +181,15 @@ class Objectives:
         """From a space file's section or a study's stored ``objectives`` attribute."""
         return cls(mode=d.get("mode", "pareto"), accuracy=d.get("accuracy", "mean_cosine"),
                    report=tuple(d.get("report") or ()), min_accuracy=d.get("min_accuracy"),
-                   max_latency_ms=d.get("max_latency_ms"))
+                   max_latency_ms=d.get("max_latency_ms"), select=d.get("select"))
 
     def to_dict(self) -> dict[str, Any]:
         """The section as a study stores it (``tuner`` study attribute, key ``objectives``)."""
-        return {"mode": self.mode, "accuracy": self.accuracy, "report": list(self.report),
-                "min_accuracy": self.min_accuracy, "max_latency_ms": self.max_latency_ms}
+        out = {"mode": self.mode, "accuracy": self.accuracy, "report": list(self.report),
+               "min_accuracy": self.min_accuracy, "max_latency_ms": self.max_latency_ms}
+        if self.select is not None:      # absent as in studies made before it existed
+            out["select"] = self.select
+        return out
 
     def directions(self) -> list[Direction]:
         by_mode: dict[str, list[Direction]] = {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"],
@@ -195,6 +199,17 @@ class Objectives:
     def values(self, accuracy: float, latency_ms: float) -> list[float]:
         """A trial's objective values, in the order of :meth:`directions`."""
         return {"pareto": [accuracy, latency_ms], "accuracy": [accuracy], "latency": [latency_ms]}[self.mode]
+
+    def metric_names(self) -> list[str]:
+        """Optuna's names of the objective values (optuna-dashboard and ``optuna.visualization``
+        show them instead of "Objective 0/1")."""
+        return {"pareto": [self.accuracy, "latency_ms"], "accuracy": [self.accuracy],
+                "latency": ["latency_ms"]}[self.mode]
+
+    def feasible(self, accuracy: float, latency_ms: float) -> bool:
+        """Whether a trial with these stored values meets every constraint (derived again from the
+        values, so a floor changed after the trials ran applies to them too)."""
+        return all(v <= 0 for v in self.constraints(accuracy, latency_ms).values())
 
     def constraints(self, accuracy: float, latency_ms: float) -> dict[str, float]:
         """Optuna constraints (feasible when every value is <= 0); empty without a floor or ceiling."""

@@ -6,13 +6,13 @@ anytime outputs, the report, ``tuner status``, ``export`` and ``verify``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import RECORD, Counts, Direction, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
+from tuner.study.record import RECORD, STUDY_ATTR, Counts, Direction, Objectives, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
 
 if TYPE_CHECKING:
     from tuner.simulate import Evaluation
@@ -56,17 +56,33 @@ class Row:
         return self.trial_record.to_json()
 
 
-def row(t: FrozenTrial) -> Row | None:
-    """The row of a completed trial, or None when it has no record (a trial added by hand)."""
+def row(t: FrozenTrial, objectives: Objectives | None = None) -> Row | None:
+    """The row of a completed trial, or None when it has no record (a trial added by hand).
+
+    Feasible: by ``objectives`` (the study's current floors) applied to the stored values, else
+    by the constraints the trial was run under."""
     rec = TrialRecord.of_trial(t)
     if rec is None:
         return None
-    feasible = all(v <= 0 for v in (t.constraints or {}).values()) if hasattr(t, "constraints") else True
+    if objectives is not None:
+        feasible = objectives.feasible(rec.accuracy, rec.latency_ms)
+    else:
+        feasible = all(v <= 0 for v in (t.constraints or {}).values()) if hasattr(t, "constraints") else True
     return Row(number=t.number, trial_record=rec, feasible=feasible, plan=t.user_attrs.get("plan"), trial=t)
 
 
-def rows(study: optuna.Study) -> list[Row]:
-    return [r for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if (r := row(t)) is not None]
+def study_objectives(study: optuna.Study) -> Objectives | None:
+    """The objectives in the study's ``tuner`` attribute (updated when a resumed search changes a
+    floor), or None for a study tuner did not make."""
+    blob = study.user_attrs.get(STUDY_ATTR)
+    return StudyInfo.from_json(blob).objectives if isinstance(blob, dict) and blob else None
+
+
+def rows(study: optuna.Study, objectives: Objectives | None = None) -> list[Row]:
+    """The completed trials with a record; feasibility by ``objectives`` (default: the study's)."""
+    objectives = objectives if objectives is not None else study_objectives(study)
+    return [r for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if (r := row(t, objectives)) is not None]
 
 
 def pareto(rs: list[Row]) -> list[Row]:
@@ -80,6 +96,57 @@ def pareto(rs: list[Row]) -> list[Row]:
         if not front or r.accuracy > front[-1].accuracy:
             front.append(r)
     return front
+
+
+def front_of_all(rs: list[Row]) -> list[Row]:
+    """The Pareto front of every non-repeat row, feasible or not (what to show when none is)."""
+    return pareto([replace(r, feasible=True) for r in rs if not r.duplicate])
+
+
+@dataclass(frozen=True)
+class Closest:
+    """The trial nearest the constraints when none meets them, and by how much it misses."""
+
+    row: Row
+    gaps: dict[str, float]      # constraint -> how far over it (> 0), in the constraint's unit
+
+    def text(self) -> str:
+        parts = [f"{name.replace('_', ' ')} missed by {gap:.6g}" for name, gap in self.gaps.items() if gap > 0]
+        return (f"trial {self.row.number}: accuracy {self.row.accuracy:.6f}, {self.row.latency_ms:.3f} ms; "
+                + ", ".join(parts))
+
+
+def closest(rs: list[Row], objectives: Objectives) -> Closest | None:
+    """The row nearest the constraints: the least total violation, each constraint's measured
+    relative to its bound (an accuracy 0.1 % under its floor and a latency 0.1 % over its
+    ceiling weigh the same); None without rows or when a row is feasible."""
+    cands = [r for r in rs if not r.duplicate]
+    if not cands or any(r.feasible for r in cands):
+        return None
+    bounds = {"min_accuracy": objectives.min_accuracy, "max_latency_ms": objectives.max_latency_ms}
+
+    def gaps(r: Row) -> dict[str, float]:
+        return {k: max(0.0, v) for k, v in objectives.constraints(r.accuracy, r.latency_ms).items()}
+
+    def score(r: Row) -> tuple[float, float, int]:
+        rel = sum(g / max(abs(float(bounds.get(k) or 1.0)), 1e-12) for k, g in gaps(r).items())
+        return rel, -r.accuracy, r.number
+
+    r = min(cands, key=score)
+    return Closest(row=r, gaps=gaps(r))
+
+
+def next_steps(found: Closest, study_name: str) -> list[str]:
+    """What a user can do when no trial meets the constraints."""
+    r, out = found.row, []
+    if found.gaps.get("min_accuracy", 0) > 0:
+        out.append(f"a floor within reach: objectives.min_accuracy <= {r.accuracy:.6f} makes trial {r.number} "
+                   "feasible (resume the same study with the new floor: nothing is re-run)")
+    if found.gaps.get("max_latency_ms", 0) > 0:
+        out.append(f"a ceiling within reach: objectives.max_latency_ms >= {r.latency_ms:.3f}")
+    out += ["more freedom: a larger nodes.top_k, or more int16 choices (nodes.int16), then resume",
+            f"take the closest anyway: tuner export {study_name} --trial {r.number}"]
+    return out
 
 
 def best(rs: list[Row], mode: str, min_accuracy: float | None) -> Row | None:

@@ -166,6 +166,9 @@ def objectives_section(o: dict[str, Any], where: str) -> Objectives:
         pct = f" (for {o['min_accuracy']}% write {o['min_accuracy'] / 100:g})" if 1 < o["min_accuracy"] <= 100 else ""
         raise TunerError(f"{where}.min_accuracy: {o['min_accuracy']} is outside {o['accuracy']}'s range "
                          f"[{bounds[0]:g}, {bounds[1]:g}]{pct}; no trial could meet it")
+    if o["select"] not in (None, "eval", "validation"):
+        raise TunerError(f"{where}.select: must be eval or validation (the figure best.yaml is chosen by), "
+                         f"got {o['select']!r}")
     if o["mode"] == "latency" and o["min_accuracy"] is None:
         raise TunerError(f"{where}.mode latency minimises latency subject to an accuracy floor: "
                          "set objectives.min_accuracy")
@@ -190,6 +193,7 @@ class StudySettings:
     n_trials: int | None
     timeout_s: float | None
     warm_start: bool
+    min_eval_samples: int = 8
 
     @classmethod
     def from_section(cls, s: dict[str, Any], where: str) -> StudySettings:
@@ -203,5 +207,8 @@ class StudySettings:
             raise TunerError(f"{where}.name: use letters, digits, '_', '-', '.', got {s['name']!r}")
         if not isinstance(s["warm_start"], bool):
             raise TunerError(f"{where}.warm_start: expected true or false")
+        m = s["min_eval_samples"]
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise TunerError(f"{where}.min_eval_samples: expected a non-negative integer, got {m!r}")
         return cls(name=s["name"], sampler=s["sampler"], seed=s["seed"], n_trials=s["n_trials"], timeout_s=timeout,
-                   warm_start=s["warm_start"])
+                   warm_start=s["warm_start"], min_eval_samples=m)

@@ -14,8 +14,9 @@ import math
 import os
 import socket
 import sys
+import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,7 @@ from tuner.study.storage import (
     redact,
     study_info,
 )
+from tuner.study.validation import Validator, validation_data
 from tuner.study.warmstart import (
     Plan,
     best_baseline_calibration,
@@ -85,7 +87,9 @@ class StudySession:
     _done: dict[str, tuple[int, list[float], TrialRecord]] = field(default_factory=dict)
     _seen: set[int] = field(default_factory=set)
     render: Callable[[ReportSnapshot], str] | None = None   # report.html from a snapshot (the caller's)
+    notices: list[str] = field(default_factory=list)   # what opening the study changed, for the terminal
     _results: ResultFiles | None = None
+    _validator: Validator | None = None
     _report: ReportFile | None = None
     _traces: dict[str, Evaluation] = field(default_factory=dict)
     _manual_cal: Calibration | None = None
@@ -112,6 +116,12 @@ class StudySession:
                 sensitivity = node_sensitivity(space, ws, paths.sensitivity,
                                                None if quiet else progress_printer("node sensitivity"))
         resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
+        n_eval, least = len(ws.eval_data), space.settings.min_eval_samples
+        if n_eval < least:
+            ws.warnings.append(
+                f"eval_data has {n_eval} sample(s), fewer than study.min_eval_samples ({least}): the search selects "
+                "on these samples, so its front is tuned to them; add samples, or set validation_data so that the "
+                "winners are re-scored on others")
         return cls(space=space, ws=ws, resolved=resolved, cost=cost, paths=paths, name=name, storage_url=storage,
                    sensitivity=sensitivity, render=render)
 
@@ -119,6 +129,13 @@ class StudySession:
         return {"model": self.ws.model.fingerprint, "data": self.ws.calibration_data.fingerprint(),
                 "eval_data": self.ws.eval_data.fingerprint(), "base_config": file_fingerprint(self.space.base),
                 "space": self.resolved.fingerprint()}
+
+    def changed_inputs(self, stored: dict[str, str]) -> list[str]:
+        """The fingerprints of this session that are not the study's ``stored`` ones. The space's
+        may also be of the whole space file (studies made before the floors were left out of it)."""
+        mine = self.fingerprints()
+        return [k for k in FINGERPRINTS if stored.get(k) != mine[k]
+                and not (k == "space" and stored.get(k) == self.resolved.fingerprint(legacy=True))]
 
     @property
     def objectives(self) -> Objectives:
@@ -159,14 +176,16 @@ class StudySession:
                 raise TunerError(f"no study named {self.name!r} in {self._where()}") from None
             study = optuna.create_study(study_name=self.name, storage=storage, directions=self.directions(),
                                         sampler=self.sampler(seed))
+            _name_metrics(study, self.objectives)
             study.set_user_attr(STUDY_ATTR, info.to_json())
             study.set_user_attr(SENSITIVITY_ATTR, self.sensitivity)
             return study
         blob = study.user_attrs.get(STUDY_ATTR)
         if not blob or not isinstance(blob, dict):
             raise TunerError(f"study {self.name!r} in {self._where()} was not made by tuner; use another --study name")
-        stored = StudyInfo.from_json(blob).fingerprints
-        changed = [k for k in FINGERPRINTS if stored.get(k) != fingerprints[k]]
+        before = StudyInfo.from_json(blob)
+        stored = before.fingerprints
+        changed = self.changed_inputs(stored)
         if changed and not create:
             # A worker joining a study: say which of this machine's files differ.
             detail = "; ".join(f"{self._input_path(k)} (sha256 {fingerprints[k][:12]}) is not the study's "
@@ -182,6 +201,9 @@ class StudySession:
         if [d.name.lower() for d in study.directions] != self.directions():
             raise TunerError(f"study {self.name!r} optimises {[d.name.lower() for d in study.directions]}, the space "
                              f"asks for {self.directions()}; use --study NEW_NAME")
+        if study.metric_names is None:         # a study made before tuner named its metrics
+            _name_metrics(study, self.objectives)
+        self._adopt_floors(study, before)
         n = len(study.get_trials(deepcopy=False))
         if seed is not None and n:
             # Resuming: a sampler seeded as at the start would make its first proposals again
@@ -189,6 +211,27 @@ class StudySession:
             # budget. Seed from (seed, trials so far) instead: reproducible, never a replay.
             study.sampler = self.sampler(resume_seed(seed, n))
         return study
+
+    def _adopt_floors(self, study: optuna.Study, before: StudyInfo) -> None:
+        """A resumed search whose space changed a floor (``min_accuracy``, ``max_latency_ms``):
+        the study's attribute takes the new objectives, so status, export and the report derive
+        feasibility from the stored values under the new floor (:func:`tuner.study.results.rows`);
+        no trial is re-run and no sensitivity recomputed. Optuna's own ``trial.constraints`` of
+        trials already run cannot change (Optuna 5 refuses to modify finished trials): its
+        ``best_trials`` keeps the floor each trial ran under."""
+        old, new = before.objectives, self.objectives
+        if old == new:
+            return
+        changes = [f"{k} {getattr(old, k)} -> {getattr(new, k)}" for k in ("min_accuracy", "max_latency_ms")
+                   if getattr(old, k) != getattr(new, k)]
+        history = list(before.extra.get("floor_changes", [])) + [
+            {"at_trial": len(study.get_trials(deepcopy=False)), **{k: getattr(new, k)
+                                                                 for k in ("min_accuracy", "max_latency_ms")}}]
+        extra = {**before.extra, "floor_changes": history}
+        study.set_user_attr(STUDY_ATTR, replace(before, objectives=new, extra=extra).to_json())
+        self.notices.append(f"study {self.name!r}: {', '.join(changes) or 'objectives changed'}; feasibility of its "
+                            f"{len(study.get_trials(deepcopy=False))} trial(s) is derived again from their stored "
+                            "values (nothing is re-run)")
 
     def _input_path(self, key: str) -> str:
         """The local file(s) behind a fingerprint, for messages."""
@@ -313,8 +356,20 @@ class StudySession:
     @property
     def result_files(self) -> ResultFiles:
         if self._results is None:
-            self._results = ResultFiles(self.paths, self.mode, self.objectives.min_accuracy, self.export)
+            v = self.validator
+            self._results = ResultFiles(self.paths, self.objectives, self.export,
+                                        None if v is None else (lambda study, rows: v.validate(study, rows)))
         return self._results
+
+    @property
+    def validator(self) -> Validator | None:
+        """Scores the winners on data the search did not select on (None when there is none)."""
+        if self._validator is None:
+            found = validation_data(self.space, self.ws)
+            if found is None:
+                return None
+            self._validator = Validator(self.ws, found[0], found[1], self.objectives.accuracy)
+        return self._validator
 
     @property
     def report_file(self) -> ReportFile:
@@ -362,9 +417,16 @@ class StudySession:
             out.append(Trace.from_evaluation(label, number, self._traces[key]))
         return out
 
-    def export(self, row: results.Row, out: Path) -> list[str]:
+    def export(self, row: results.Row, out: Path, comments: tuple[str, ...] = ()) -> list[str]:
         return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
-                            {"study": self.name, **self.fingerprints()})
+                            {"study": self.name, **self.fingerprints()}, comments)
+
+
+def _name_metrics(study: optuna.Study, objectives: Objectives) -> None:
+    """Optuna's metric names (experimental since Optuna 3.2, stable in use: the dashboard reads them)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(objectives.metric_names())
 
 
 def resume_seed(seed: int, n_trials: int) -> int:

@@ -39,6 +39,15 @@ from tuner.study.sections import (
 
 DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 
+#: Space keys that decide which trials are kept, not what a trial measures: a study resumes
+#: with other values (feasibility is derived again from the stored values; see
+#: tuner.study.results.rows).
+NOT_MEASURED: dict[str, tuple[str, ...]] = {
+    "": ("validation_data", "validation_limit"),
+    "objectives": ("min_accuracy", "max_latency_ms", "select"),
+    "study": ("n_trials", "timeout", "seed", "min_eval_samples"),
+}
+
 def _defaults() -> dict[str, Any]:
     defaults: dict[str, Any] = yaml.safe_load(DEFAULTS_PATH.read_text(encoding="utf-8"))
     return defaults
@@ -74,6 +83,7 @@ class SearchSpace:
     settings: StudySettings
     profile: Path | None = None
     thresholds: Path | None = None     # hb_mapper's calibrated model: real thresholds for every trial
+    validation_data: list[Path] | None = None   # re-score the winners here (None: see validation_folders)
 
     # The sections as the file has them (for display and stored studies); code reads the typed ones.
     @property
@@ -118,8 +128,16 @@ class SearchSpace:
     def name(self) -> str:
         return self.settings.name or self.path.stem
 
-    def fingerprint(self) -> str:
-        blob = json.dumps(self.raw, sort_keys=True, default=str)
+    def fingerprint(self, legacy: bool = False) -> str:
+        """The sha256 of what the trials measure: the space without :data:`NOT_MEASURED` (floors,
+        budget), so a study resumes with another floor. ``legacy``: of the whole space, as
+        studies made before 2026-12 stored it (still accepted on resume)."""
+        raw = self.raw
+        if not legacy:
+            raw = {k: ({kk: vv for kk, vv in v.items() if kk not in NOT_MEASURED[k]}
+                       if k in NOT_MEASURED and isinstance(v, dict) else v)
+                   for k, v in raw.items() if k not in NOT_MEASURED[""]}
+        blob = json.dumps(raw, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -154,9 +172,16 @@ def load_space(path: str | Path) -> SearchSpace:
     eval_data = None
     if raw["eval_data"] is not None:
         eval_data = [(path.parent / p).resolve() for p in str(raw["eval_data"]).split(";")]
-    if raw["eval_limit"] is not None and (isinstance(raw["eval_limit"], bool) or not isinstance(raw["eval_limit"], int)
-                                          or raw["eval_limit"] < 1):
-        raise TunerError(f"{path}: eval_limit: expected a positive integer, got {raw['eval_limit']!r}")
+    for key in ("eval_limit", "validation_limit"):
+        if raw[key] is not None and (isinstance(raw[key], bool) or not isinstance(raw[key], int) or raw[key] < 1):
+            raise TunerError(f"{path}: {key}: expected a positive integer, got {raw[key]!r}")
+    validation_data = None
+    if raw["validation_data"] is not None:
+        validation_data = [(path.parent / p).resolve() for p in str(raw["validation_data"]).split(";")]
+        missing = [p for p in validation_data if not p.is_dir()]
+        if missing:
+            raise TunerError(f"{path}: validation_data: {missing[0]} is not a folder (give the folder(s) of samples "
+                             "to re-score the winners on, ';' between inputs)")
     profile = None
     if raw["profile"] is not None:
         profile = (path.parent / str(raw["profile"])).resolve()
@@ -172,7 +197,7 @@ def load_space(path: str | Path) -> SearchSpace:
 
         raw["thresholds_sha256"] = file_fingerprint(thresholds)   # a new calibrated model is a new space
     return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, rule=rule, knobs=knobs, objective=objective,
-                       settings=settings, profile=profile, thresholds=thresholds)
+                       settings=settings, profile=profile, thresholds=thresholds, validation_data=validation_data)
 
 
 # --------------------------------------------------------------------------- resolution
@@ -298,8 +323,8 @@ class ResolvedSpace:
             params["per_channel"] = calibration.per_channel
         return params
 
-    def fingerprint(self) -> str:
-        blob = json.dumps({"space": self.space.fingerprint(), "march": self.target.march,
+    def fingerprint(self, legacy: bool = False) -> str:
+        blob = json.dumps({"space": self.space.fingerprint(legacy), "march": self.target.march,
                            "decisions": [[d.param, list(d.nodes), list(d.choices)] for d in self.decisions],
                            "calibration": self.calibration_params}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()

@@ -37,6 +37,11 @@ class StudyPaths:
         return self.root / "best.yaml"
 
     @property
+    def closest(self) -> Path:
+        """The trial nearest the constraints, written while no trial meets them."""
+        return self.root / "closest.yaml"
+
+    @property
     def pareto(self) -> Path:
         return self.root / "pareto"
 

@@ -1,0 +1,85 @@
+"""What ``tuner status`` says about a study, as one typed value (text for people, JSON for scripts).
+
+Read from the storage alone (no model, no data): trial counts, the objectives and floors the
+study holds now, the best trial and the Pareto front (feasibility derived from the stored
+values, :func:`tuner.study.results.rows`), the closest trial and next steps when nothing is
+feasible, the result files that exist, and the trials checked with the real toolchain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.files import jsonable
+from tuner.study import results
+from tuner.study.record import StudyInfo
+from tuner.study.storage import StudyPaths, study_info
+from tuner.study.validation import Validation, choose_best, stored
+from tuner.toolchain.records import real_records
+
+
+def row_json(r: results.Row) -> dict[str, Any]:
+    """One trial as ``status --json`` lists it."""
+    rec = r.trial_record
+    return {"trial": r.number, "accuracy": rec.accuracy, "latency_ms": rec.latency_ms, "feasible": r.feasible,
+            "subgraphs": rec.counts.subgraphs, "cpu_nodes": rec.counts.cpu_nodes,
+            "int16_nodes": rec.counts.int16_nodes, "calibration": rec.calibration.method, "plan": r.plan,
+            "task": dict(rec.task), "outputs": {k: dict(v) for k, v in rec.outputs.items()}}
+
+
+@dataclass(frozen=True)
+class StudyStatus:
+    name: str
+    info: StudyInfo
+    completed: int
+    failed: int
+    running: int
+    best: results.Row | None
+    front: list[results.Row]
+    closest: results.Closest | None = None
+    next_steps: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)        # what exists: best, closest, pareto, trials_csv, report
+    verified: dict[int, dict[str, Any]] = field(default_factory=dict)   # trial -> real-toolchain summary
+    validations: dict[int, Validation] = field(default_factory=dict)   # trial -> its re-scoring
+    chosen_by: str = "eval"                                            # the figure best was chosen by
+
+    def _row(self, r: results.Row) -> dict[str, Any]:
+        v = self.validations.get(r.number)
+        return {**row_json(r), "validation": v.to_json() if v is not None else None}
+
+    def to_json(self) -> dict[str, Any]:
+        o = self.info.objectives
+        out: dict[str, Any] = jsonable({
+            "study": self.name, "mode": o.mode, "march": self.info.march, "base": self.info.base_path,
+            "metric_names": o.metric_names(),
+            "objectives": {"accuracy": o.accuracy, "min_accuracy": o.min_accuracy, "max_latency_ms": o.max_latency_ms},
+            "trials": {"completed": self.completed, "failed": self.failed, "running": self.running},
+            "best": self._row(self.best) if self.best is not None else None, "chosen_by": self.chosen_by,
+            "front": [self._row(r) for r in self.front],
+            "closest": None if self.closest is None else {**row_json(self.closest.row), "gaps": self.closest.gaps},
+            "next_steps": self.next_steps, "files": self.files,
+            "verified": {str(k): v for k, v in self.verified.items()},
+            "fingerprints": self.info.fingerprints})
+        return out
+
+
+def study_status(study: optuna.Study, paths: StudyPaths) -> StudyStatus:
+    info = study_info(study)
+    rs = results.rows(study, info.objectives)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    found = results.closest(rs, info.objectives)
+    vals = stored(study)
+    chosen, chosen_by = choose_best(rs, vals, info.objectives)
+    files = {k: str(p) for k, p in (("best", paths.best), ("closest", paths.closest), ("pareto", paths.pareto),
+                                    ("trials_csv", paths.trials_csv), ("report", paths.report)) if Path(p).exists()}
+    return StudyStatus(
+        name=study.study_name, info=info, completed=len(rs), failed=sum(s == TrialState.FAIL for s in states),
+        running=sum(s == TrialState.RUNNING for s in states),
+        best=chosen, chosen_by=chosen_by, validations=vals, front=results.pareto(rs), closest=found,
+        next_steps=results.next_steps(found, study.study_name) if found is not None else [], files=files,
+        verified={n: rec.summary() for n, rec in real_records(study).items()})
