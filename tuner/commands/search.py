@@ -192,7 +192,7 @@ def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None)
     from optuna.trial import TrialState
 
     from tuner.console import table
-    from tuner.study.results import best, pareto, rows, study_objectives
+    from tuner.study.results import best, latency_ratio, margins, pareto, rows, study_objectives
     from tuner.study.validation import choose_best, stored
 
     rs = rows(study)
@@ -219,6 +219,15 @@ def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None)
                       f"{r.latency_ms:.3f}"] + checked(r.number) + [str(r.counts.subgraphs), str(r.counts.cpu_nodes),
                                                                     str(r.counts.int16_nodes), r.calibration,
                                                                     r.plan or ""] for r in front]))
+        if b is not None and objectives is not None:
+            ms = margins(b, objectives)
+            ratio = latency_ratio(b, objectives)
+            if ms or ratio is not None:
+                print(f"\nbest (trial {b.number})" + (f": {ratio:.2f}x the all-int8 plan's modeled latency"
+                                                     if ratio is not None else "") + (":" if ms else ""))
+                bind = min(ms, key=lambda m: m.relative) if ms else None
+                for m in ms:
+                    print(f"  {m.text()}" + ("   <- binds" if m is bind and len(ms) > 1 else ""))
         if vals and b is not None:
             v = next(iter(vals.values()))
             print(f"validation: {v.samples} sample(s) the search did not select on ({v.metric}); best (*) chosen "

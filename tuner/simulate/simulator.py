@@ -348,6 +348,17 @@ class Simulator:
             ev.nodes = self._rows(plan, calibration, node_sims)
         return ev
 
+    def float_task(self) -> dict[str, float]:
+        """The task metrics of the float model itself on this data (against the labels where there
+        are any; a metric relative to float output scores float as exact): what relative
+        constraints (``miou:seg >= 0.99 x float``) scale."""
+        if not self.task_metrics:
+            return {}
+        task = TaskScore(self.task_metrics, self.user_fns)
+        for i, ref in enumerate(self.reference):
+            task.update(ref, {o: ref[o].copy() for o in self.model.output_names}, self._label(i))
+        return task.results()
+
     def _label(self, i: int) -> dict[str, np.ndarray] | None:
         """Sample ``i``'s labels: from memory when set-up kept them (fresh copies, as a read gives:
         a user metric may write into its labels), else read again."""

@@ -76,22 +76,31 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
     return notes
 
 
-def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = None) -> str:
+def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = None,
+               objectives: Objectives | None = None) -> str:
     """One line per completed trial; with ``vals``, the validation figures of the trials re-scored
-    (blank for the others) and each one's per-sample worst case."""
+    (blank for the others) and each one's per-sample worst case; with ``objectives``, the latency
+    as a multiple of the all-int8 plan's and each constraint's margin (> 0: met)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     task = list(dict.fromkeys(k for r in rows for k in r.trial_record.task))
     extra = ["validation_accuracy", "validation_worst_sample", "eval_worst_sample"] if vals else []
+    ratio = objectives is not None and objectives.reference("latency_ms:int8") is not None
+    names = [m.name for m in objectives.margins(1.0, 1.0, {})] if objectives is not None else []
+    extra += (["latency_ratio"] if ratio else []) + [f"margin {n}" for n in names]
     w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes"] + task
                + extra + ["calibration", "plan"])
     for r in sorted(rows, key=lambda r: r.number):
         values = [f"{r.trial_record.task[k]:.6f}" if k in r.trial_record.task else "" for k in task]
         v = (vals or {}).get(r.number)
         checked = [f"{v.accuracy:.6f}", f"{v.worst_sample:.6f}", f"{v.eval_worst_sample:.6f}"] if v else ["", "", ""]
+        more = checked if vals else []
+        if objectives is not None:
+            lr = results.latency_ratio(r, objectives)
+            more += ([f"{lr:.4f}"] if ratio and lr is not None else [""] if ratio else [])
+            more += [f"{m.margin:.6g}" for m in results.margins(r, objectives)]
         w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts.subgraphs,
-                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + (checked if vals else [])
-                   + [r.calibration, r.plan or ""])
+                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + more + [r.calibration, r.plan or ""])
     return buf.getvalue()
 
 
@@ -145,7 +154,7 @@ class ResultFiles:
                                           or time.monotonic() - self._csv_at >= CSV_EVERY_S)
 
     def _write_csv(self, rows: list[results.Row]) -> None:
-        write_atomic(self.paths.trials_csv, trials_csv(rows, self.vals))
+        write_atomic(self.paths.trials_csv, trials_csv(rows, self.vals, self.objectives))
         self._csv_at, self._csv_pending = time.monotonic(), 0
 
     # the loop's callback protocol
@@ -160,7 +169,7 @@ class ResultFiles:
 
     def _may_change(self, trial: FrozenTrial) -> bool:
         rec = TrialRecord.of_trial(trial)
-        if rec is None or rec.duplicate_of is not None or not self.objectives.feasible(rec.accuracy, rec.latency_ms):
+        if rec is None or rec.duplicate_of is not None or not self.objectives.feasible_record(rec):
             return False
         acc, lat = rec.accuracy, rec.latency_ms
         return not any(a >= acc and t <= lat and (a > acc or t < lat) for a, t in self._last_front)

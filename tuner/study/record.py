@@ -13,11 +13,14 @@ directions, a trial's objective values and its constraints are derived here and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tuner.candidate import Candidate
+from tuner.errors import TunerError
+from tuner.metrics.accuracy import accuracy
 
 if TYPE_CHECKING:
     from optuna.study import StudyDirection
@@ -121,6 +124,19 @@ class TrialRecord:
     def as_duplicate_of(self, number: int) -> TrialRecord:
         return replace(self, duplicate_of=number)
 
+    def metric(self, name: str) -> float | None:
+        """A metric of this trial: a task metric it recorded, or one of its outputs' figures
+        (``cosine:seg``, ``mean_cosine``, ...); None when it recorded neither."""
+        if name in self.task:
+            return float(self.task[name])
+        try:
+            return accuracy({k: dict(v) for k, v in self.outputs.items()}, name)
+        except (KeyError, ValueError, TunerError):
+            return None
+
+    def metrics(self, names: tuple[str, ...]) -> dict[str, float]:
+        return {n: v for n in names if (v := self.metric(n)) is not None}
+
     # ------------------------------------------------------------------ the codec
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TrialRecord:
@@ -162,6 +178,64 @@ def _plain(v: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """One bound on a metric, absolute (``cosine:seg >= 0.999``) or relative to the float model's
+    value of the same metric on the same data (``miou:seg >= 0.99 x float``: at least 99 % of
+    float's mIoU; ``absrel:depth <= 1.02 x float``: at most 2 % more error than float's)."""
+
+    metric: str
+    op: Literal[">=", "<="]
+    bound: float
+    relative: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric} {self.op} {self.bound:g}" + (" x float" if self.relative else "")
+
+    def limit(self, float_value: float | None) -> float | None:
+        """The bound in the metric's unit (None: relative, and the float value is not known)."""
+        if not self.relative:
+            return self.bound
+        return None if float_value is None else self.bound * float_value
+
+    def violation(self, value: float | None, float_value: float | None) -> float:
+        """<= 0 when met (Optuna's convention), in the metric's unit; +inf when the value or the
+        float reference is missing (a trial that did not record the metric cannot meet it)."""
+        lim = self.limit(float_value)
+        if value is None or lim is None:
+            return math.inf
+        return lim - value if self.op == ">=" else value - lim
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Constraint:
+        op: Literal[">=", "<="] = ">=" if d["op"] == ">=" else "<="
+        return cls(metric=str(d["metric"]), op=op, bound=float(d["bound"]), relative=bool(d.get("relative", False)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "op": self.op, "bound": self.bound, "relative": self.relative}
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How far a trial is inside (+) or outside (-) one constraint."""
+
+    name: str
+    value: float | None      # the trial's figure
+    limit: float | None      # the bound in the figure's unit
+    margin: float            # -violation: > 0 inside, < 0 outside
+
+    @property
+    def relative(self) -> float:
+        """The margin as a fraction of the limit (what "binds" compares)."""
+        return self.margin / max(abs(self.limit or 0.0), 1e-12) if math.isfinite(self.margin) else self.margin
+
+    def text(self) -> str:
+        v = "--" if self.value is None else f"{self.value:.6g}"
+        lim = "--" if self.limit is None else f"{self.limit:.6g}"
+        return f"{self.name} (limit {lim}): {v}, margin {self.margin:+.3g}"
+
+
+@dataclass(frozen=True)
 class Objectives:
     """The space's ``objectives`` section: what is optimised and what is feasible."""
 
@@ -171,6 +245,11 @@ class Objectives:
     min_accuracy: float | None = None    # feasibility floor
     max_latency_ms: float | None = None  # feasibility ceiling
     select: str | None = None            # best.yaml by "eval" or "validation" (None: validation when there is one)
+    constraints_: tuple[Constraint, ...] = ()   # objectives.constraints: per-metric bounds
+    max_latency_ratio: float | None = None      # at most this x the all-BPU int8 plan's modeled latency
+    # measured once per study: the float model's value of each relative constraint's metric, and
+    # "latency_ms:int8", the all-BPU int8 plan's modeled latency (for max_latency_ratio)
+    references: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -181,15 +260,57 @@ class Objectives:
         """From a space file's section or a study's stored ``objectives`` attribute."""
         return cls(mode=d.get("mode", "pareto"), accuracy=d.get("accuracy", "mean_cosine"),
                    report=tuple(d.get("report") or ()), min_accuracy=d.get("min_accuracy"),
-                   max_latency_ms=d.get("max_latency_ms"), select=d.get("select"))
+                   max_latency_ms=d.get("max_latency_ms"), select=d.get("select"),
+                   constraints_=tuple(Constraint.from_json(c) for c in d.get("constraints") or ()),
+                   max_latency_ratio=d.get("max_latency_ratio"),
+                   references=tuple((str(k), float(v)) for k, v in (d.get("references") or {}).items()))
 
     def to_dict(self) -> dict[str, Any]:
         """The section as a study stores it (``tuner`` study attribute, key ``objectives``)."""
-        out = {"mode": self.mode, "accuracy": self.accuracy, "report": list(self.report),
-               "min_accuracy": self.min_accuracy, "max_latency_ms": self.max_latency_ms}
-        if self.select is not None:      # absent as in studies made before it existed
+        out: dict[str, Any] = {"mode": self.mode, "accuracy": self.accuracy, "report": list(self.report),
+                               "min_accuracy": self.min_accuracy, "max_latency_ms": self.max_latency_ms}
+        # absent unless set, as in studies made before they existed
+        if self.select is not None:
             out["select"] = self.select
+        if self.constraints_:
+            out["constraints"] = [c.to_json() for c in self.constraints_]
+        if self.max_latency_ratio is not None:
+            out["max_latency_ratio"] = self.max_latency_ratio
+        if self.references:
+            out["references"] = dict(self.references)
         return out
+
+    @property
+    def metric_names_needed(self) -> tuple[str, ...]:
+        """The metrics the constraints read."""
+        return tuple(dict.fromkeys(c.metric for c in self.constraints_))
+
+    def reference(self, key: str) -> float | None:
+        return dict(self.references).get(key)
+
+    def margins(self, accuracy: float, latency_ms: float, metrics: Mapping[str, float] | None = None) -> list[Margin]:
+        """Each constraint's value, limit and margin (the floor and ceilings too)."""
+        out = []
+        if self.min_accuracy is not None:
+            out.append(Margin("min_accuracy", accuracy, float(self.min_accuracy), accuracy - float(self.min_accuracy)))
+        if self.max_latency_ms is not None:
+            out.append(Margin("max_latency_ms", latency_ms, float(self.max_latency_ms),
+                              float(self.max_latency_ms) - latency_ms))
+        ref = self.reference("latency_ms:int8")
+        if self.max_latency_ratio is not None:
+            lim = None if ref is None else self.max_latency_ratio * ref
+            out.append(Margin(f"max_latency_ratio {self.max_latency_ratio:g}", latency_ms, lim,
+                              -math.inf if lim is None else lim - latency_ms))
+        for c in self.constraints_:
+            fv = self.reference(c.metric) if c.relative else None
+            value = (metrics or {}).get(c.metric)
+            out.append(Margin(c.name, value, c.limit(fv), -c.violation(value, fv)))
+        return out
+
+    def binding(self, accuracy: float, latency_ms: float, metrics: Mapping[str, float] | None = None) -> Margin | None:
+        """The constraint with the least room (relative to its limit), or None without constraints."""
+        ms = self.margins(accuracy, latency_ms, metrics)
+        return min(ms, key=lambda m: m.relative) if ms else None
 
     def directions(self) -> list[Direction]:
         by_mode: dict[str, list[Direction]] = {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"],
@@ -206,18 +327,25 @@ class Objectives:
         return {"pareto": [self.accuracy, "latency_ms"], "accuracy": [self.accuracy],
                 "latency": ["latency_ms"]}[self.mode]
 
-    def feasible(self, accuracy: float, latency_ms: float) -> bool:
+    def feasible(self, accuracy: float, latency_ms: float, metrics: Mapping[str, float] | None = None) -> bool:
         """Whether a trial with these stored values meets every constraint (derived again from the
         values, so a floor changed after the trials ran applies to them too)."""
-        return all(v <= 0 for v in self.constraints(accuracy, latency_ms).values())
+        return all(v <= 0 for v in self.constraints(accuracy, latency_ms, metrics).values())
 
-    def constraints(self, accuracy: float, latency_ms: float) -> dict[str, float]:
-        """Optuna constraints (feasible when every value is <= 0); empty without a floor or ceiling."""
+    def feasible_record(self, rec: TrialRecord) -> bool:
+        return self.feasible(rec.accuracy, rec.latency_ms, rec.metrics(self.metric_names_needed))
+
+    def constraints(self, accuracy: float, latency_ms: float,
+                    metrics: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Optuna constraints (feasible when every value is <= 0); empty without any. ``metrics``:
+        the trial's values of :attr:`metric_names_needed` (one missing: that constraint is not met)."""
         out = {}
         if self.min_accuracy is not None:
             out["min_accuracy"] = float(self.min_accuracy) - accuracy
         if self.max_latency_ms is not None:
             out["max_latency_ms"] = latency_ms - float(self.max_latency_ms)
+        for m in self.margins(accuracy, latency_ms, metrics)[len(out):]:
+            out[m.name] = -m.margin
         return out
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.study.record import RECORD, STUDY_ATTR, Counts, Direction, Objectives, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
+from tuner.study.record import RECORD, STUDY_ATTR, Counts, Direction, Margin, Objectives, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
 
 if TYPE_CHECKING:
     from tuner.simulate import Evaluation
@@ -65,7 +65,7 @@ def row(t: FrozenTrial, objectives: Objectives | None = None) -> Row | None:
     if rec is None:
         return None
     if objectives is not None:
-        feasible = objectives.feasible(rec.accuracy, rec.latency_ms)
+        feasible = objectives.feasible_record(rec)
     else:
         feasible = all(v <= 0 for v in (t.constraints or {}).values()) if hasattr(t, "constraints") else True
     return Row(number=t.number, trial_record=rec, feasible=feasible, plan=t.user_attrs.get("plan"), trial=t)
@@ -98,6 +98,26 @@ def pareto(rs: list[Row]) -> list[Row]:
     return front
 
 
+def margins(r: Row, objectives: Objectives) -> list[Margin]:
+    """Each constraint's value, limit and margin for this trial."""
+    return objectives.margins(r.accuracy, r.latency_ms, r.trial_record.metrics(objectives.metric_names_needed))
+
+
+def latency_ratio(r: Row, objectives: Objectives) -> float | None:
+    """Modeled latency as a multiple of the all-BPU int8 plan's (when the study measured it)."""
+    ref = objectives.reference("latency_ms:int8")
+    return r.latency_ms / ref if ref else None
+
+
+def margin_comments(r: Row, objectives: Objectives) -> tuple[str, ...]:
+    """Header lines of an exported YAML: each constraint's value and margin, and which binds."""
+    ms = margins(r, objectives)
+    if not ms:
+        return ()
+    bind = min(ms, key=lambda m: m.relative)
+    return tuple(f"constraint {m.text()}" + ("  <- binds" if m is bind and len(ms) > 1 else "") for m in ms)
+
+
 def front_of_all(rs: list[Row]) -> list[Row]:
     """The Pareto front of every non-repeat row, feasible or not (what to show when none is)."""
     return pareto([replace(r, feasible=True) for r in rs if not r.duplicate])
@@ -126,7 +146,8 @@ def closest(rs: list[Row], objectives: Objectives) -> Closest | None:
     bounds = {"min_accuracy": objectives.min_accuracy, "max_latency_ms": objectives.max_latency_ms}
 
     def gaps(r: Row) -> dict[str, float]:
-        return {k: max(0.0, v) for k, v in objectives.constraints(r.accuracy, r.latency_ms).items()}
+        values = objectives.constraints(r.accuracy, r.latency_ms, r.trial_record.metrics(objectives.metric_names_needed))
+        return {k: max(0.0, v) for k, v in values.items()}
 
     def score(r: Row) -> tuple[float, float, int]:
         rel = sum(g / max(abs(float(bounds.get(k) or 1.0)), 1e-12) for k, g in gaps(r).items())

@@ -10,12 +10,12 @@ is :func:`objectives_section`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tuner.errors import TunerError
 from tuner.metrics.task import MetricSpec, higher_is_better, parse_metric_spec
-from tuner.study.record import Objectives
+from tuner.study.record import Constraint, Objectives
 
 PLACEMENTS = ("BPU", "CPU")
 PRECISIONS = {"int8": (None, None), "int16_input": ("int16", None), "int16_output": (None, "int16"),
@@ -166,13 +166,47 @@ def objectives_section(o: dict[str, Any], where: str) -> Objectives:
         pct = f" (for {o['min_accuracy']}% write {o['min_accuracy'] / 100:g})" if 1 < o["min_accuracy"] <= 100 else ""
         raise TunerError(f"{where}.min_accuracy: {o['min_accuracy']} is outside {o['accuracy']}'s range "
                          f"[{bounds[0]:g}, {bounds[1]:g}]{pct}; no trial could meet it")
+    constraints = _constraints(o["constraints"], f"{where}.constraints")
+    r = o["max_latency_ratio"]
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0):
+        raise TunerError(f"{where}.max_latency_ratio: expected a positive number (1.2: at most 1.2x the all-BPU int8 "
+                         f"plan's modeled latency), got {r!r}")
     if o["select"] not in (None, "eval", "validation"):
         raise TunerError(f"{where}.select: must be eval or validation (the figure best.yaml is chosen by), "
                          f"got {o['select']!r}")
     if o["mode"] == "latency" and o["min_accuracy"] is None:
         raise TunerError(f"{where}.mode latency minimises latency subject to an accuracy floor: "
                          "set objectives.min_accuracy")
-    return Objectives.from_dict(o)
+    return replace(Objectives.from_dict({k: v for k, v in o.items() if k != "constraints"}), constraints_=constraints)
+
+
+CONSTRAINT = re.compile(r"^\s*(?P<metric>\S+)\s*(?P<op>>=|<=)\s*(?P<bound>[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+                        r"\s*(?P<rel>(?:x|\*)\s*float)?\s*$")
+
+
+def _constraints(items: Any, where: str) -> tuple[Constraint, ...]:
+    """``objectives.constraints``: ``'<metric> >= <bound>'`` / ``'<metric> <= <bound> x float'``."""
+    if not isinstance(items, list):
+        raise TunerError(f"{where}: expected a list such as ['miou:seg >= 0.99 x float'], got {items!r}")
+    out = []
+    for i, text in enumerate(items):
+        m = CONSTRAINT.match(str(text)) if isinstance(text, str) else None
+        if m is None:
+            raise TunerError(f"{where}[{i}]: {text!r} is not '<metric> >= <number>' or '<metric> <= <number> x float' "
+                             "(e.g. 'miou:seg >= 0.99 x float', 'absrel:depth <= 1.02 x float', 'cosine:seg >= 0.999')")
+        metric, op, rel = m["metric"], m["op"], m["rel"] is not None
+        if not ACCURACY.match(metric):
+            spec = _task_spec(f"{where}[{i}]", metric)
+            better_high = higher_is_better(spec.kind)
+            if better_high and op == "<=" or not better_high and op == ">=":
+                word = "a score (higher is better)" if better_high else "an error (lower is better)"
+                fix = ">=" if better_high else "<="
+                raise TunerError(f"{where}[{i}]: {metric} is {word}: bound it with {fix}, e.g. '{metric} {fix} "
+                                 f"{m['bound']}{' x float' if rel else ''}'")
+        elif metric.startswith(("sqnr:", "mean_sqnr")) and rel:
+            raise TunerError(f"{where}[{i}]: {metric} of the float model is infinite: give SQNR in dB, without x float")
+        out.append(Constraint(metric=metric, op=">=" if op == ">=" else "<=", bound=float(m["bound"]), relative=rel))
+    return tuple(out)
 
 
 def task_metric_texts(objectives: Objectives) -> list[str]:
@@ -180,7 +214,8 @@ def task_metric_texts(objectives: Objectives) -> list[str]:
     texts = list(objectives.report)
     if not ACCURACY.match(objectives.accuracy):
         texts.insert(0, objectives.accuracy)
-    return texts
+    texts += [c.metric for c in objectives.constraints_ if not ACCURACY.match(c.metric)]
+    return list(dict.fromkeys(texts))
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from tuner.study.record import (
     TrialRecord,
 )
 from tuner.study.results import ReportSnapshot, Trace
+from tuner.study.sections import ACCURACY
 from tuner.study.space import ResolvedSpace, SearchSpace, load_space, resolve
 from tuner.study.storage import (
     FINGERPRINTS,
@@ -116,6 +117,7 @@ class StudySession:
                 sensitivity = node_sensitivity(space, ws, paths.sensitivity,
                                                None if quiet else progress_printer("node sensitivity"))
         resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
+        space.objective = with_references(space.objective, ws, cost)
         n_eval, least = len(ws.eval_data), space.settings.min_eval_samples
         if n_eval < least:
             ws.warnings.append(
@@ -222,8 +224,11 @@ class StudySession:
         old, new = before.objectives, self.objectives
         if old == new:
             return
-        changes = [f"{k} {getattr(old, k)} -> {getattr(new, k)}" for k in ("min_accuracy", "max_latency_ms")
-                   if getattr(old, k) != getattr(new, k)]
+        changes = [f"{k} {getattr(old, k)} -> {getattr(new, k)}"
+                   for k in ("min_accuracy", "max_latency_ms", "max_latency_ratio") if getattr(old, k) != getattr(new, k)]
+        if old.constraints_ != new.constraints_:
+            changes.append(f"constraints [{', '.join(c.name for c in old.constraints_)}] -> "
+                           f"[{', '.join(c.name for c in new.constraints_)}]")
         history = list(before.extra.get("floor_changes", [])) + [
             {"at_trial": len(study.get_trials(deepcopy=False)), **{k: getattr(new, k)
                                                                  for k in ("min_accuracy", "max_latency_ms")}}]
@@ -319,7 +324,7 @@ class StudySession:
             # The same configuration was already simulated (here or by another worker):
             # answer from the stored result.
             number, values, source = hit
-            self._constrain(trial, source.accuracy, source.latency_ms)
+            self._constrain(trial, source)
             trial.set_user_attr(RECORD, source.as_duplicate_of(number).to_json())
             return values if len(values) > 1 else values[0]
         try:
@@ -338,15 +343,17 @@ class StudySession:
                              candidate_fields=cand.to_yaml_fields(), cpu_nodes=tuple(ev.plan.cpu_nodes),
                              notes=tuple(ev.notes[:20]), seconds=ev.seconds)
         trial.set_user_attr(RECORD, record.to_json())
-        self._constrain(trial, acc, lat.total_ms)
+        self._constrain(trial, record)
         values = self.objectives.values(acc, lat.total_ms)
         self._done[key] = (trial.number, values, record)
         self._seen.add(trial.number)
         return values if len(values) > 1 else values[0]
 
-    def _constrain(self, trial: optuna.Trial, acc: float, lat_ms: float) -> None:
-        for name, value in self.objectives.constraints(acc, lat_ms).items():
-            trial.set_constraint(name, value)
+    def _constrain(self, trial: optuna.Trial, record: TrialRecord) -> None:
+        o = self.objectives
+        for name, value in o.constraints(record.accuracy, record.latency_ms,
+                                         record.metrics(o.metric_names_needed)).items():
+            trial.set_constraint(name, min(value, 1e30))    # a missing metric (inf) as a large violation
 
     # ---------------------------------------------------------------- outputs
     def outputs(self) -> list[Output]:
@@ -419,7 +426,32 @@ class StudySession:
 
     def export(self, row: results.Row, out: Path, comments: tuple[str, ...] = ()) -> list[str]:
         return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
-                            {"study": self.name, **self.fingerprints()}, comments)
+                            {"study": self.name, **self.fingerprints()},
+                            tuple(comments) + results.margin_comments(row, self.objectives))
+
+
+def with_references(objectives: Objectives, ws: Workspace, cost: CostModel) -> Objectives:
+    """``objectives`` with what its relative constraints scale: the float model's value of each
+    relative constraint's metric on the evaluation data, and the all-BPU int8 plan's modeled
+    latency for ``max_latency_ratio`` (the base YAML's calibration, no node_info)."""
+    refs: dict[str, float] = {}
+    rel = [c for c in objectives.constraints_ if c.relative]
+    if rel:
+        task = ws.simulator.float_task()
+        for c in rel:
+            if c.metric in task:
+                refs[c.metric] = task[c.metric]
+            elif ACCURACY.match(c.metric):
+                refs[c.metric] = 1.0     # a cosine of float against itself
+            if refs.get(c.metric) == 0.0:
+                raise TunerError(f"objectives.constraints: {c.name!r}: the float model's {c.metric} is 0 on the "
+                                 "evaluation data (no labels for that output?), so a bound relative to it means "
+                                 "nothing; give an absolute bound or labels")
+    if objectives.max_latency_ratio is not None:
+        base = ws.base_candidate()
+        int8 = Candidate.make(base.calibration, {}, ())
+        refs["latency_ms:int8"] = cost.latency(ws.simulator.plan(int8)).total_ms
+    return replace(objectives, references=tuple(sorted(refs.items()))) if refs else objectives
 
 
 def _name_metrics(study: optuna.Study, objectives: Objectives) -> None:

@@ -44,7 +44,7 @@ DEFAULTS_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "default
 #: tuner.study.results.rows).
 NOT_MEASURED: dict[str, tuple[str, ...]] = {
     "": ("validation_data", "validation_limit"),
-    "objectives": ("min_accuracy", "max_latency_ms", "select"),
+    "objectives": ("min_accuracy", "max_latency_ms", "select", "max_latency_ratio", "constraints"),
     "study": ("n_trials", "timeout", "seed", "min_eval_samples"),
 }
 

@@ -50,18 +50,26 @@ class StudyStatus:
 
     def _row(self, r: results.Row) -> dict[str, Any]:
         v = self.validations.get(r.number)
-        return {**row_json(r), "validation": v.to_json() if v is not None else None}
+        o = self.info.objectives
+        ms = results.margins(r, o)
+        bind = min(ms, key=lambda m: m.relative) if ms else None
+        return {**row_json(r), "latency_ratio": results.latency_ratio(r, o),
+                "constraints": [{"name": m.name, "value": m.value, "limit": m.limit, "margin": m.margin,
+                                 "binds": m is bind} for m in ms],
+                "validation": v.to_json() if v is not None else None}
 
     def to_json(self) -> dict[str, Any]:
         o = self.info.objectives
         out: dict[str, Any] = jsonable({
             "study": self.name, "mode": o.mode, "march": self.info.march, "base": self.info.base_path,
             "metric_names": o.metric_names(),
-            "objectives": {"accuracy": o.accuracy, "min_accuracy": o.min_accuracy, "max_latency_ms": o.max_latency_ms},
+            "objectives": {"accuracy": o.accuracy, "min_accuracy": o.min_accuracy, "max_latency_ms": o.max_latency_ms,
+                           "max_latency_ratio": o.max_latency_ratio, "constraints": [c.name for c in o.constraints_],
+                           "references": dict(o.references)},
             "trials": {"completed": self.completed, "failed": self.failed, "running": self.running},
             "best": self._row(self.best) if self.best is not None else None, "chosen_by": self.chosen_by,
             "front": [self._row(r) for r in self.front],
-            "closest": None if self.closest is None else {**row_json(self.closest.row), "gaps": self.closest.gaps},
+            "closest": None if self.closest is None else {**self._row(self.closest.row), "gaps": self.closest.gaps},
             "next_steps": self.next_steps, "files": self.files,
             "verified": {str(k): v for k, v in self.verified.items()},
             "fingerprints": self.info.fingerprints})

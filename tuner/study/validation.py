@@ -139,7 +139,8 @@ def pick(rows: list[results.Row], vals: dict[int, Validation], objectives: Objec
     """The best of the validated rows by their validation figure (feasibility too: a floor
     applies to the figure best.yaml is chosen by), with :func:`tuner.study.results.best`'s rule."""
     judged = [replace(r, trial_record=replace(r.trial_record, accuracy=vals[r.number].accuracy),
-                      feasible=objectives.feasible(vals[r.number].accuracy, r.latency_ms))
+                      feasible=objectives.feasible(vals[r.number].accuracy, r.latency_ms,
+                                                   r.trial_record.metrics(objectives.metric_names_needed)))
               for r in rows if r.number in vals]
     chosen = results.best(judged, objectives.mode, objectives.min_accuracy)
     return None if chosen is None else next(r for r in rows if r.number == chosen.number)

@@ -221,7 +221,7 @@ class StudyContext:
         obj = self.info.objectives
         lat = latency_ms if latency_ms is not None else row.latency_ms
         values = obj.values(accuracy, lat)
-        constraints = obj.constraints(accuracy, lat)
+        constraints = obj.constraints(accuracy, lat, row.trial_record.metrics(obj.metric_names_needed))
         summary = record.summary()
         if row.trial is None:
             raise ValueError(f"trial {row.number}: a row made by hand has no parameters to feed back")
