@@ -273,7 +273,7 @@ def render(snap: ReportSnapshot) -> str:
     mode = info.mode
     min_acc = info.objectives.min_accuracy
     rs = snap.rows
-    best = results.best(rs, mode, min_acc)
+    best = results.best(rs, mode, info.objectives.floor)
     front = results.pareto(rs)
     n_fail = sum(t.state == optuna.trial.TrialState.FAIL for t in snap.trials)
     sections: list[str] = []

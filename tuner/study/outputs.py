@@ -188,7 +188,7 @@ class ResultFiles:
             return self._last_best
         rows = results.rows(study, self.objectives)
         front = results.pareto(rows)
-        best = results.best(rows, self.mode, self.min_accuracy)
+        best = results.best(rows, self.mode, self.objectives.floor)
         comments: tuple[str, ...] = ()
         if force and self.validate is not None and front:
             self.vals = self.validate(study, list({r.number: r for r in front + ([best] if best else [])}.values()))

@@ -281,6 +281,14 @@ class Objectives:
         return out
 
     @property
+    def floor(self) -> float | None:
+        """What :func:`tuner.study.results.best` takes as "an accuracy floor": ``min_accuracy``, or
+        (with accuracy constraints and no floor) -inf: then too the cheapest feasible trial is best."""
+        if self.min_accuracy is not None:
+            return float(self.min_accuracy)
+        return -math.inf if self.constraints_ else None
+
+    @property
     def metric_names_needed(self) -> tuple[str, ...]:
         """The metrics the constraints read."""
         return tuple(dict.fromkeys(c.metric for c in self.constraints_))

@@ -404,7 +404,7 @@ class StudySession:
         (two evaluations with every node's output; cached by candidate, so a rewrite that
         does not change the best costs nothing)."""
         want: list[tuple[str, int | None, Candidate]] = []   # (label, trial, candidate)
-        best = results.best(rs, self.mode, self.objectives.min_accuracy)
+        best = results.best(rs, self.mode, self.objectives.floor)
         if best is not None:
             want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))
         base = [r for r in rs if r.plan and r.plan.startswith("baseline")]

@@ -142,7 +142,7 @@ def pick(rows: list[results.Row], vals: dict[int, Validation], objectives: Objec
                       feasible=objectives.feasible(vals[r.number].accuracy, r.latency_ms,
                                                    r.trial_record.metrics(objectives.metric_names_needed)))
               for r in rows if r.number in vals]
-    chosen = results.best(judged, objectives.mode, objectives.min_accuracy)
+    chosen = results.best(judged, objectives.mode, objectives.floor)
     return None if chosen is None else next(r for r in rows if r.number == chosen.number)
 
 
@@ -152,7 +152,7 @@ def choose_best(rows: list[results.Row], vals: dict[int, Validation],
 
     By validation unless ``objectives.select: eval``, when validations of the study's metric
     exist (a task metric needs labels the validation samples lack: then by eval)."""
-    by_eval = results.best(rows, objectives.mode, objectives.min_accuracy)
+    by_eval = results.best(rows, objectives.mode, objectives.floor)
     usable = {n: v for n, v in vals.items() if v.metric == objectives.accuracy}
     if objectives.select == "eval" or not usable:
         return by_eval, "eval"
