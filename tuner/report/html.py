@@ -153,11 +153,12 @@ def importance_figure(study: optuna.Study, mode: str):
     if len(study.directions) > 1 or mode != "latency":
         kwargs.update(target=lambda t: -t.values[0], target_name="accuracy")
     # PED-ANOVA warns on every call with a target that it ranks by low values (accuracy is negated
-    # above). A filter for that one message, not warnings.catch_warnings() around the call: the
-    # search draws the report in a thread of its own, and catch_warnings swaps the process-wide
-    # filters under the trial loop's feet (filterwarnings of an existing filter adds no second one).
-    warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes the importances",
-                            category=UserWarning)
+    # above), and while there are too few trials. Filters for those messages, not
+    # warnings.catch_warnings() around the call: the search draws the report in a thread of its
+    # own, and catch_warnings swaps the process-wide filters under the trial loop's feet
+    # (filterwarnings of an existing filter adds no second one).
+    for message in ("PedAnovaImportanceEvaluator computes the importances", "The number of trials is too small"):
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
     fig = plot_param_importances(study, **kwargs)
     fig.update_layout(height=max(300, 22 * len(fig.data[0].y) + 120) if fig.data else 300,
                       margin=dict(l=220, r=20, t=50, b=50))
