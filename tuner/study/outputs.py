@@ -4,14 +4,16 @@ Handed to the loop as callbacks (:class:`ResultFiles`, :class:`ReportFile`): aft
 completed trial that may change the result they rewrite their files atomically, so a run
 stopped at 3 a.m. still leaves the best configuration found so far. The report itself is
 rendered elsewhere (:func:`tuner.report.html.render`, a pure function of a
-:class:`ReportSnapshot`); this module only gathers the snapshot, and writes the report of a
-study without a session (:func:`study_report`: ``tuner report`` when the model is gone).
+:class:`ReportSnapshot`); this module gathers the snapshot, draws the report during the search
+in a thread of its own (:class:`ReportFile`), and writes the report of a study without a
+session (:func:`study_report`: ``tuner report`` when the model is gone).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -234,15 +236,30 @@ class ResultFiles:
                               "no trial of the study meets them yet; see 'tuner status' for next steps"))
 
 
+#: ``finish`` waits this long for a mid-run draw still running, then draws the final report anyway.
+JOIN_S = 120.0
+
+
 class ReportFile:
-    """report.html, rewritten at most every ``every`` seconds (or ten times as long as the last
-    one took) and at the end. ``write(force)`` draws it; a report that fails to draw is a
+    """report.html: redrawn during the search without holding up the trial loop, and in full at the end.
+
+    ``gather(study, full)`` reads the page's :class:`ReportSnapshot` in the caller's thread (the
+    trial loop's: the study and the simulator are its own); mid-run (``full=False``) it may only
+    use what is at hand, not simulate (no new per-node traces). ``draw(snapshot)`` renders and
+    writes the page. Mid-run, ``draw`` runs in a thread of its own, at most every ``every``
+    seconds (or ten times as long as the last draw took, so the report stays a small share of
+    the machine), one at a time: a rewrite that falls due while one is drawing waits for a later
+    trial. ``finish`` (the end of the search, also after Ctrl-C) waits for a running draw, then
+    gathers and draws the full report in the caller's thread. A report that fails to draw is a
     warning, never the end of an overnight search."""
 
-    def __init__(self, write: Callable[[optuna.Study], Path | None], every: float = 30.0,
+    def __init__(self, gather: Callable[[optuna.Study, bool], ReportSnapshot],
+                 draw: Callable[[ReportSnapshot], Path], every: float = 30.0,
                  warn: Callable[[str], None] | None = None) -> None:
-        self._write, self.every, self.warn = write, every, warn
-        self._at: float | None = None
+        self._gather, self._draw, self.every, self.warn = gather, draw, every, warn
+        self._at: float | None = None              # no mid-run draw starts before this (monotonic)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()               # _at, written by the drawing thread too
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if trial.state == TrialState.COMPLETE:
@@ -254,21 +271,55 @@ class ReportFile:
     def finish(self, study: optuna.Study) -> None:
         self.write(study, force=True)
 
+    @property
+    def drawing(self) -> bool:
+        """Whether a mid-run draw is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for a running mid-run draw; whether none is left running."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.drawing
+
     def write(self, study: optuna.Study, force: bool = False) -> Path | None:
+        """``force``: the full report, now, in this thread (returns its path, None if it failed).
+        Else a mid-run rewrite when one is due, started in the background (returns None)."""
+        if force:
+            if not self.join(JOIN_S):
+                self._warning(f"a report draw started during the search is still running after {JOIN_S:.0f} s; "
+                              "drawing the final report anyway")
+            try:
+                return self._draw(self._gather(study, True))
+            except TunerError:
+                raise
+            except Exception as exc:
+                self._warning(f"report.html not written: {type(exc).__name__}: {exc}")
+                return None
         now = time.monotonic()
-        if not force and self._at is not None and now < self._at:
-            return None
-        self._at = now + self.every
+        with self._lock:
+            if (self._at is not None and now < self._at) or self.drawing:
+                return None
+            self._at = now + self.every
         try:
-            out = self._write(study)
-            # On a big model the per-node traces take seconds: keep the report under ~10% of the search.
-            self._at = max(self._at, now + 10 * (time.monotonic() - now))
-            return out
-        except TunerError:
-            raise
+            snap = self._gather(study, False)
         except Exception as exc:
-            if self.warn is not None:
-                self.warn(f"warning: report.html not written: {type(exc).__name__}: {exc}")
+            self._warning(f"report.html not written: {type(exc).__name__}: {exc}")
             return None
+        self._thread = threading.Thread(target=self._draw_mid_run, args=(snap,), name="tuner-report", daemon=True)
+        self._thread.start()
+        return None
 
+    def _draw_mid_run(self, snap: ReportSnapshot) -> None:
+        t0 = time.monotonic()
+        try:
+            self._draw(snap)
+        except Exception as exc:   # TunerError too: nobody above this thread could report it
+            self._warning(f"report.html not written: {type(exc).__name__}: {exc}")
+        finally:
+            with self._lock:
+                self._at = max(self._at or 0.0, t0 + 10 * (time.monotonic() - t0))
 
+    def _warning(self, text: str) -> None:
+        if self.warn is not None:
+            self.warn(f"warning: {text}")

@@ -381,7 +381,15 @@ class StudySession:
     @property
     def report_file(self) -> ReportFile:
         if self._report is None:
-            self._report = ReportFile(self._draw_report, warn=lambda text: print(text, file=sys.stderr))
+            # The default renderer is imported here, in the caller's thread: mid-run draws run in a
+            # thread of their own, and an import there would run beside the trial loop.
+            default = default_renderer()
+
+            def draw(snap: ReportSnapshot) -> Path:
+                write_atomic(self.paths.report, (self.render or default)(snap))
+                return self.paths.report
+
+            self._report = ReportFile(self.report_snapshot, draw, warn=lambda text: print(text, file=sys.stderr))
         return self._report
 
     def write_results(self, study: optuna.Study, force: bool = False,
@@ -390,20 +398,24 @@ class StudySession:
         return self.result_files.write(study, force=force, trial=trial)
 
     def write_report(self, study: optuna.Study, force: bool = False) -> Path | None:
-        """Rewrite report.html (rate-limited unless ``force``; :class:`ReportFile`)."""
+        """Rewrite report.html: ``force``, the full report now (its path, None if it failed); else a
+        mid-run rewrite in the background when one is due (:class:`ReportFile`)."""
         return self.report_file.write(study, force=force)
 
-    def _draw_report(self, study: optuna.Study) -> Path:
-        render = self.render or default_renderer()
-        snap = snapshot(study, self.paths, self._where(), self.sensitivity, self.traces)
-        write_atomic(self.paths.report, render(snap))
-        return self.paths.report
+    def report_snapshot(self, study: optuna.Study, full: bool = True) -> ReportSnapshot:
+        """The report's view of ``study``. ``full``: with the per-node traces, evaluated on the
+        simulator when not cached; else (mid-run, the trial loop is using the simulator) only
+        the traces already cached, and the page says where the others are drawn."""
+        snap = snapshot(study, self.paths, self._where(), self.sensitivity,
+                        self.traces if full else (lambda rs: self.traces(rs, evaluate=False)))
+        if not full and snap.rows and len(snap.traces) < len(self._trace_candidates(snap.rows)):
+            snap.notes.append("the per-node error along the graph is drawn at the end of the search and by "
+                              f"'tuner report {self.name}' (it needs the simulator, which the search is using)")
+        return snap
 
-    def traces(self, rs: list[results.Row]) -> list[Trace]:
-        """Per-node cosine along the graph for the exported trial and the all-int8 baseline
-        (two evaluations with every node's output; cached by candidate, so a rewrite that
-        does not change the best costs nothing)."""
-        want: list[tuple[str, int | None, Candidate]] = []   # (label, trial, candidate)
+    def _trace_candidates(self, rs: list[results.Row]) -> list[tuple[str, int | None, Candidate]]:
+        """(label, trial, candidate) of the per-node traces: the exported trial and the all-int8 baseline."""
+        want: list[tuple[str, int | None, Candidate]] = []
         best = results.best(rs, self.mode, self.objectives.floor)
         if best is not None:
             want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))
@@ -416,10 +428,18 @@ class StudySession:
             ref = self.resolved.candidate(self.resolved.params_for(reference_calibration(self.space,
                                                                                           self.resolved.base)))
             want.append(("all-BPU int8 baseline", None, ref))
+        return want
+
+    def traces(self, rs: list[results.Row], evaluate: bool = True) -> list[Trace]:
+        """Per-node cosine along the graph for the exported trial and the all-int8 baseline
+        (two evaluations with every node's output; cached by candidate, so a rewrite that
+        does not change the best costs nothing). ``evaluate=False``: only the cached ones."""
         out = []
-        for label, number, cand in want:
+        for label, number, cand in self._trace_candidates(rs):
             key = cand.key()
             if key not in self._traces:
+                if not evaluate:
+                    continue
                 self._traces[key] = self.ws.simulator.evaluate(cand, per_node=True)
             out.append(Trace.from_evaluation(label, number, self._traces[key]))
         return out
