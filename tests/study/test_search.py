@@ -324,7 +324,7 @@ def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_pat
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=4, timeout=None, jobs=1, seed=0, progress=False)
     reads = []
-    monkeypatch.setattr(results, "rows", lambda st, real=results.rows: reads.append(st) or real(st))
+    monkeypatch.setattr(results, "rows", lambda st, *a, real=results.rows: reads.append(st) or real(st, *a))
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         assert search.write_results(study, trial=t) is None
     assert reads == []
