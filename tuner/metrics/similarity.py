@@ -47,6 +47,19 @@ class Similarity:
             self.max_abs = max(self.max_abs, float(x.max()))
         self.count += r.size
 
+    def update_cosine(self, ref: np.ndarray, q: np.ndarray) -> None:
+        """:meth:`update` for :attr:`cosine` alone (the same dot and squares, so the same cosine;
+        the error sums stay 0): the per-node rows need only the cosine, and on a 253-node detector
+        the three error reductions were ~40 % of a per-node pass."""
+        r = np.asarray(ref).ravel().astype(np.float64)
+        x = np.asarray(q).ravel().astype(np.float64)
+        if r.shape != x.shape:
+            raise ValueError(f"shape mismatch {np.shape(ref)} vs {np.shape(q)}")
+        self.dot += float(np.einsum("i,i->", r, x))
+        self.ref_sq += float(np.einsum("i,i->", r, r))
+        self.q_sq += float(np.einsum("i,i->", x, x))
+        self.count += r.size
+
     @property
     def finite(self) -> bool:
         """Whether every quantized value so far was finite (squares of float32 values cannot

@@ -321,8 +321,7 @@ class Simulator:
         task = TaskScore(self.task_metrics, self.user_fns) if self.task_metrics else None
         samples: list[dict[str, dict[str, float]]] = []
         if per_node:
-            float_nodes = make_session(with_outputs(expand_softmax(self.model.proto) if plan.softmax
-                                                    else self.model.proto, extra))
+            float_nodes = self._float_nodes(tuple(extra), bool(plan.softmax))
             refs = run_samples(float_nodes, extra, self.data, self.threads)
         for i, outs in enumerate(run_samples(session, sim_names, self.data, self.threads)):
             values = dict(zip(sim_names, outs))
@@ -340,13 +339,24 @@ class Simulator:
             if per_node:
                 ref = dict(zip(extra, next(refs)))
                 for t in extra:
-                    node_sims[t].update(ref[t], values[t] if t in outputs else values[raw.get(t, t)])
+                    node_sims[t].update_cosine(ref[t], values[t] if t in outputs else values[raw.get(t, t)])
         ev = Evaluation(candidate=candidate, calibration=calibration,
                         outputs={o: s.as_dict() for o, s in sims.items()}, plan=plan,
                         task=task.results() if task is not None else {}, samples=samples)
         if per_node:
             ev.nodes = self._rows(plan, calibration, node_sims)
         return ev
+
+    def _float_nodes(self, extra: tuple[str, ...], softmax: bool) -> ort.InferenceSession:
+        """The float model with every node's output, for per-node rows: built once per set of
+        tensors (the report's two traces and the log comparisons ask for the same set)."""
+        cache = self.__dict__.setdefault("_float_node_sessions", {})
+        key = (extra, softmax)
+        if key not in cache:
+            cache.clear()      # one at a time: a session with every output is the model's size again
+            cache[key] = make_session(with_outputs(expand_softmax(self.model.proto) if softmax else self.model.proto,
+                                                   list(extra)))
+        return cache[key]
 
     def float_task(self) -> dict[str, float]:
         """The task metrics of the float model itself on this data (against the labels where there
