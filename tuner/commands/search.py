@@ -108,6 +108,7 @@ def search(args: argparse.Namespace) -> int:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
     print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
+    print_simplest(search)
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
         return 1
@@ -280,3 +281,16 @@ def export(args: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     print(f"wrote {out} (trial {row.number}: accuracy {row.accuracy:.6f}, modeled latency {row.latency_ms:.3f} ms)")
     return 0
+
+
+def print_simplest(search: Any) -> None:
+    """best.yaml's decisions, what best_minimal.yaml keeps, and the one-line calibration fixes
+    (computed at the end of the search: :meth:`StudySession.write_minimal`)."""
+    from tuner.study.trim import summary_lines
+
+    found = search.last_simplest
+    if found is None:
+        return
+    print()
+    for line in summary_lines(found, str(search.paths.best_minimal)):
+        print(line)

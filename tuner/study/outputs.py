@@ -54,8 +54,10 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
 
 
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
-                 node_names: set[str] | None, provenance: dict[str, str]) -> list[str]:
-    """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes."""
+                 node_names: set[str] | None, provenance: dict[str, str],
+                 extra_header: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes.
+    ``extra_header``: comment lines after the accuracy line (best_minimal.yaml says what it kept)."""
     if not base_path.is_file():
         raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
     base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
@@ -67,6 +69,7 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
               f"# simulated accuracy {rec.accuracy:.6f}, modeled latency {rec.latency_ms:.3f} ms, "
               f"{rec.counts.subgraphs} BPU subgraph(s), {rec.counts.cpu_nodes} CPU node(s), "
               f"{rec.counts.int16_nodes} int16 node(s); calibration {rec.calibration.method}"]
+    header += list(extra_header)
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
     write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))

@@ -6,12 +6,14 @@ anytime outputs, the report, ``tuner status``, ``export`` and ``verify``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.candidate import Candidate
 from tuner.study.record import RECORD, Counts, Direction, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
 
 if TYPE_CHECKING:
@@ -107,6 +109,86 @@ class Trace:
                                    "cosine": r.cosine} for r in ev.nodes])
 
 
+# --------------------------------------------------------------------------- the simplest fix
+# (computed by tuner.study.trim; here because the report shows them)
+_CHOICE_TEXT = {"CPU": "CPU", "BPU": "BPU int8", "BPU:int16": "int16", "BPU:int16_input": "int16 input",
+                "BPU:int16_output": "int16 output"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One decision of the winner: an Optuna parameter whose value differs from the base YAML's."""
+
+    param: str                     # node:/Slice, tie:/blocks.*/Conv, per_channel, max_percentile, calibration_type
+    value: Any                     # the winner's
+    base: Any                      # the base YAML's (what a revert sets)
+    nodes: tuple[str, ...] = ()    # the nodes a node decision sets; () for a calibration knob
+
+    @property
+    def kind(self) -> str:
+        return "node" if self.nodes else "calibration"
+
+    def describe(self) -> str:
+        """``/Slice: int16``, ``/a/Conv (+3 tied): CPU``, ``per_channel: True``."""
+        if not self.nodes:
+            return f"{self.param}: {self.value}"
+        where = self.nodes[0] + (f" (+{len(self.nodes) - 1} tied)" if len(self.nodes) > 1 else "")
+        return f"{where}: {_CHOICE_TEXT.get(str(self.value), self.value)}"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A decision the floor needs: what the minimal candidate loses without it."""
+
+    change: Change
+    accuracy_drop: float    # minimal's accuracy minus its accuracy without this decision (inf: the simulation fails)
+    latency_ms: float       # minimal's modeled latency minus its latency without it
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    """The winner trimmed to the decisions its floor needs."""
+
+    trial: int                         # the trial trimmed (best.yaml's)
+    start: TrialRecord                 # its record
+    minimal: TrialRecord               # the trimmed candidate's
+    params: Mapping[str, Any]          # the trimmed candidate's Optuna parameters
+    kept: tuple[Kept, ...]             # in the order tried
+    removed: tuple[Change, ...]        # in the order tried
+    criterion: str                     # what "still meets the floor" meant
+    scored: int                        # distinct candidates scored (the winner's included)
+
+    @property
+    def candidate(self) -> Candidate:
+        return self.minimal.candidate
+
+    @property
+    def decisions(self) -> int:
+        return len(self.kept) + len(self.removed)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A completed trial that is the base YAML with only its calibration_parameters changed."""
+
+    change: str             # the YAML lines that differ: ``per_channel: True``
+    trial: int
+    record: TrialRecord
+    feasible: bool          # meets the criterion best_minimal.yaml had to meet
+
+
+@dataclass(frozen=True)
+class Simplest:
+    """What the terminal summary and the report show next to best.yaml."""
+
+    trim: TrimResult
+    fixes: tuple[Fix, ...]
+
+    def feasible_fixes(self) -> list[Fix]:
+        return [f for f in self.fixes if f.feasible]
+
+
+
 @dataclass
 class ReportSnapshot:
     """Everything report.html shows, read from a study at one moment (no storage, no simulator)."""
@@ -122,3 +204,4 @@ class ReportSnapshot:
     traces: list[Trace] = field(default_factory=list)
     best_yaml: str | None = None
     notes: list[str] = field(default_factory=list)
+    simplest: Simplest | None = None           # best.yaml trimmed, the one-line fixes (tuner.study.trim)
