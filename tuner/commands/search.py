@@ -168,7 +168,7 @@ def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None)
     from optuna.trial import TrialState
 
     from tuner.console import table
-    from tuner.study.results import best, pareto, rows
+    from tuner.study.results import best, front_table, pareto, rows
 
     rs = rows(study)
     states = [t.state for t in study.get_trials(deepcopy=False)]
@@ -178,10 +178,7 @@ def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None)
     if front:
         b = best(rs, mode, min_accuracy)
         print("\nPareto front (accuracy up, modeled latency down):")
-        print(table(["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"],
-                    [[("*" if b and r.number == b.number else " ") + str(r.number), f"{r.accuracy:.6f}",
-                      f"{r.latency_ms:.3f}", str(r.counts.subgraphs), str(r.counts.cpu_nodes),
-                      str(r.counts.int16_nodes), r.calibration, r.plan or ""] for r in front]))
+        print(table(*front_table(front, b)))
     elif rs:
         print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
     if paths.best.exists():

@@ -95,6 +95,24 @@ def best(rs: list[Row], mode: str, min_accuracy: float | None) -> Row | None:
     return max(feas, key=lambda r: (r.accuracy, -r.latency_ms, -r.number))
 
 
+def front_table(front: list[Row], best: Row | None) -> tuple[list[str], list[list[str]]]:
+    """The Pareto table (terminal and report): the best marked with ``*``, the task metrics the
+    trials record (``objectives.report``) after the counts, and the warm-start plan column only
+    when a row on the front came from one."""
+    task = list(dict.fromkeys(k for r in front for k in r.trial_record.task))
+    with_plan = any(r.plan for r in front)
+    headers = ["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", *task, "calibration"]
+    headers += ["plan"] if with_plan else []
+    out = []
+    for r in front:
+        t = r.trial_record.task
+        out.append([("*" if best is not None and r.number == best.number else " ") + str(r.number),
+                    f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}", str(r.counts.subgraphs), str(r.counts.cpu_nodes),
+                    str(r.counts.int16_nodes), *(f"{t[k]:.4f}" if k in t else "" for k in task), r.calibration]
+                   + ([r.plan or ""] if with_plan else []))
+    return headers, out
+
+
 @dataclass
 class Trace:
     """Per-node output cosine along the topological order, for one candidate."""

@@ -347,17 +347,17 @@ class StudySession:
         return self.paths.report
 
     def traces(self, rs: list[results.Row]) -> list[Trace]:
-        """Per-node cosine along the graph for the exported trial and the all-int8 baseline
-        (two evaluations with every node's output; cached by candidate, so a rewrite that
-        does not change the best costs nothing)."""
+        """Per-node cosine along the graph for the exported trial and the most accurate all-int8
+        baseline (the one a user would start from; two evaluations with every node's output;
+        cached by candidate, so a rewrite that does not change the best costs nothing)."""
         want: list[tuple[str, int | None, Candidate]] = []   # (label, trial, candidate)
         best = results.best(rs, self.mode, self.objectives.min_accuracy)
         if best is not None:
             want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))
         base = [r for r in rs if r.plan and r.plan.startswith("baseline")]
         if base:
-            b = min(base, key=lambda r: r.number)
-            want.append((f"all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number,
+            b = max(base, key=lambda r: (r.accuracy, -r.number))
+            want.append((f"best all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number,
                          b.trial_record.candidate))
         else:
             ref = self.resolved.candidate(self.resolved.params_for(reference_calibration(self.space,
