@@ -83,3 +83,22 @@ def resolved_from(space_path):
     graph = Graph(onnx.shape_inference.infer_shapes(build_tiny_model()))
     return resolve(load_space(space_path), graph, load_target("bayes-e"), Candidate.make(Calibration(type="max")),
                    SENSITIVITY)
+
+
+def test_the_study_enqueues_every_baseline_of_the_grid(tmp_path):
+    """0.99999 and 1.0 are both enqueued: Optuna's skip_if_exists compares floats with rtol 1e-5 and took
+    one for the other (the example's 0.99999 baselines never ran)."""
+    from optuna.trial import TrialState
+
+    from tuner.study.session import StudySession
+
+    path = write_tiny_space(tmp_path)
+    path.write_text(path.read_text().replace("max_percentile: [1.0, 0.9999]", "max_percentile: [1.0, 0.99999, 0.9999]"))
+    s = StudySession.open(path, results_dir=tmp_path / "results", quiet=True)
+    study = s.study(seed=0)
+    n = s.enqueue_warm_start(study)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert n == len(s.warm_start_plans(s.manual_calibration())) == len(waiting)
+    pcts = [(t.system_attrs["fixed_params"]["max_percentile"], t.system_attrs["fixed_params"]["per_channel"])
+            for t in waiting if t.user_attrs["plan"].startswith("baseline: all-BPU int8, max")]
+    assert sorted(pcts) == sorted((p, pc) for p in (1.0, 0.99999, 0.9999) for pc in (False, True))
