@@ -251,7 +251,8 @@ def simplest_html(s: results.Simplest) -> str:
         out += _table(["change", "trial", "accuracy", "latency ms", *task, "meets the floor"],
                       [[f.change, str(f.trial), f"{f.record.accuracy:.6f}", f"{f.record.latency_ms:.3f}",
                         *(f"{f.record.task[k]:.4f}" if k in f.record.task else "" for k in task),
-                        "yes" if f.feasible else "no"] for f in s.fixes],
+                        "yes" if f.feasible else f"no ({f.below:.2g} below)" if f.below is not None else "no"]
+                       for f in s.fixes],
                       set(range(1, 4 + len(task))), 0 if s.fixes[0].feasible else None)
     return out
 

@@ -193,6 +193,7 @@ class Fix:
     trial: int
     record: TrialRecord
     feasible: bool          # meets the criterion best_minimal.yaml had to meet
+    below: float | None = None   # how far its accuracy is below that criterion's floor (None: met, or no floor)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from tuner.study.storage import (
     redact,
     study_info,
 )
-from tuner.study.trim import Simplest, TrimResult, criterion, one_line_fixes, trim
+from tuner.study.trim import Simplest, TrimResult, accuracy_floor, criterion, one_line_fixes, trim
 from tuner.study.warmstart import (
     Plan,
     best_baseline_calibration,
@@ -406,7 +406,8 @@ class StudySession:
             self._trimmed = trim(r, top.number, dict(top.trial.params), top.trial_record, self.objectives,
                                  lambda c: self.score(study, c), self.modeled_latency)
         meets, _ = criterion(self.objectives, top.trial_record)
-        self._simplest = Simplest(self._trimmed, tuple(one_line_fixes(r, rs, meets)))
+        floor = accuracy_floor(self.objectives, top.trial_record)
+        self._simplest = Simplest(self._trimmed, tuple(one_line_fixes(r, rs, meets, floor)))
         return self._simplest
 
     @property

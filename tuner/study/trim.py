@@ -29,8 +29,8 @@ from tuner.study.record import Objectives, TrialRecord
 from tuner.study.results import Change, Fix, Kept, Row, Simplest, TrimResult
 from tuner.study.space import ResolvedSpace, setting_choice
 
-__all__ = ["TOLERANCE", "Change", "Fix", "Kept", "Simplest", "TrimResult", "base_params", "changes", "criterion",
-           "one_line_fixes", "summary_lines", "trim"]
+__all__ = ["TOLERANCE", "Change", "Fix", "Kept", "Simplest", "TrimResult", "accuracy_floor", "base_params", "changes",
+           "criterion", "one_line_fixes", "summary_lines", "trim"]
 
 #: Without a floor (or ceiling) in the space, a trimmed candidate must keep the winner's
 #: accuracy within this much (absolute, in the accuracy metric's units).
@@ -64,6 +64,15 @@ def criterion(objectives: Objectives, winner: TrialRecord) -> tuple[Callable[[Tr
         return math.isfinite(rec.accuracy) and rec.accuracy >= floor
 
     return within, f"{metric} >= {floor:.6f} (no floor in the space: the winner's {winner.accuracy:.6f} - {TOLERANCE:g})"
+
+
+def accuracy_floor(objectives: Objectives, winner: TrialRecord) -> float | None:
+    """The accuracy :func:`criterion` asks for (None when the space has only a latency ceiling)."""
+    if objectives.min_accuracy is not None:
+        return float(objectives.min_accuracy)
+    if objectives.max_latency_ms is not None:
+        return None
+    return winner.accuracy - TOLERANCE
 
 
 # --------------------------------------------------------------------------- the trim
@@ -139,9 +148,11 @@ def trim(r: ResolvedSpace, trial: int, params: Mapping[str, Any], start: TrialRe
 
 
 # --------------------------------------------------------------------------- one-line fixes
-def one_line_fixes(r: ResolvedSpace, rows: Sequence[Row], meets: Callable[[TrialRecord], bool]) -> list[Fix]:
+def one_line_fixes(r: ResolvedSpace, rows: Sequence[Row], meets: Callable[[TrialRecord], bool],
+                   floor: float | None = None) -> list[Fix]:
     """The completed trials whose candidate is the base YAML with only calibration_parameters
-    changed, each candidate once, those that meet ``meets`` first, most accurate first."""
+    changed, each candidate once, those that meet ``meets`` first, most accurate first; a fix
+    that misses says by how much it is below ``floor`` (:func:`accuracy_floor`)."""
     want = r.candidate(base_params(r))
     base_fields = want.with_calibration(r.base.calibration).to_yaml_fields()["calibration_parameters"]
     seen: set[str] = set()
@@ -155,7 +166,9 @@ def one_line_fixes(r: ResolvedSpace, rows: Sequence[Row], meets: Callable[[Trial
         fields = cand.to_yaml_fields()["calibration_parameters"]
         diff = [f"{k}: {v}" for k, v in fields.items() if base_fields.get(k) != v]
         diff += [f"{k}: (removed)" for k in base_fields if k not in fields]
-        out.append(Fix(", ".join(diff) or "(the base YAML as it is)", row.number, rec, meets(rec)))
+        ok = meets(rec)
+        below = floor - rec.accuracy if floor is not None and not ok and rec.accuracy < floor else None
+        out.append(Fix(", ".join(diff) or "(the base YAML as it is)", row.number, rec, ok, below))
     return sorted(out, key=lambda f: (not f.feasible, -f.record.accuracy, f.record.latency_ms, f.trial))
 
 
@@ -170,11 +183,13 @@ def summary_lines(s: Simplest, minimal_path: str | None = None) -> list[str]:
     st, m = t.start, t.minimal
     lines = [f"best.yaml (trial {t.trial}): {st.counts.cpu_nodes} CPU, {st.counts.int16_nodes} int16 node(s), "
              f"calibration {st.calibration.method}: {t.decisions} decision(s) away from the base YAML; "
-             f"acc {st.accuracy:.6f}, {st.latency_ms:.3f} ms"]
+             f"acc {st.accuracy:.6f}{_task(st)}, {st.latency_ms:.3f} ms"]
     where = minimal_path or "best_minimal.yaml"
     if t.removed:
-        lines.append(f"{where} keeps {len(t.kept)} of them, still meeting {t.criterion}: acc {m.accuracy:.6f}, "
-                     f"{m.latency_ms:.3f} ms, {m.counts.cpu_nodes} CPU, {m.counts.int16_nodes} int16"
+        cheaper = (f" ({st.latency_ms - m.latency_ms:.3f} ms cheaper than best.yaml)"
+                   if m.latency_ms < st.latency_ms - 1e-9 else "")
+        lines.append(f"{where} keeps {len(t.kept)} of them, still meeting {t.criterion}: acc {m.accuracy:.6f}"
+                     f"{_task(m)}, {m.latency_ms:.3f} ms{cheaper}, {m.counts.cpu_nodes} CPU, {m.counts.int16_nodes} int16"
                      + (":" if t.kept else " (the base YAML's own calibration and placement)"))
     else:
         lines.append(f"{where}: every decision is needed to meet {t.criterion}" + (":" if t.kept else ""))
@@ -182,13 +197,13 @@ def summary_lines(s: Simplest, minimal_path: str | None = None) -> list[str]:
         drop = "fails without it" if math.isinf(k.accuracy_drop) else f"acc -{k.accuracy_drop:.6f} without it"
         lines.append(f"  {k.change.describe()}  ({drop}, costs {k.latency_ms:+.3f} ms)")
     good = s.feasible_fixes()
+    head = "one-line fixes (calibration only, nodes as in the base YAML)"
     if good:
-        lines.append("one-line fixes (calibration only, nodes as in the base YAML): "
-                     + "; ".join(f"{f.change} -> acc {f.record.accuracy:.6f}, latency {f.record.latency_ms:.3f} ms"
-                                 f"{_task(f.record)} (trial {f.trial})" for f in good[:3]))
+        lines.append(f"{head}, meeting {t.criterion}:")
     elif s.fixes:
-        f = s.fixes[0]
-        lines.append(f"one-line fixes: none meets {t.criterion}; the closest calibration-only change: {f.change} -> "
-                     f"acc {f.record.accuracy:.6f}, latency {f.record.latency_ms:.3f} ms{_task(f.record)} "
-                     f"(trial {f.trial})")
+        lines.append(f"{head}: none meets {t.criterion}; the closest:")
+    for f in (good or list(s.fixes))[:3]:
+        below = f" ({f.below:.2g} below)" if f.below is not None else ""
+        lines.append(f"  {f.change} -> acc {f.record.accuracy:.6f}{below}, latency {f.record.latency_ms:.3f} ms"
+                     f"{_task(f.record)} (trial {f.trial})")
     return lines
