@@ -215,6 +215,7 @@ def report(args: argparse.Namespace) -> int:
         if not search.sensitivity:
             search.sensitivity = node_sensitivity(search.space, search.ws, paths.sensitivity,
                                                   progress_printer("node sensitivity"))
+        search.simplest(study)      # the report's 'simplest fix' section (the trim's evaluations)
         out = search.write_report(study, force=True)
         if out is None:
             raise TunerError(f"{paths.report} could not be written (see the warning above)")
