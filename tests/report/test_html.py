@@ -47,6 +47,7 @@ def test_search_writes_a_self_contained_report(finished):
     for name, d in (top.record["candidate"]["model_parameters"].get("node_info") or {}).items():
         assert f"<td>{html.escape(name)}</td><td>{d.get('ON', '')}</td>" in page
     assert html.escape(search.paths.best.read_text(encoding="utf-8")) in page
+    assert "<h2>The simplest fix</h2>" in page and search.paths.best_minimal.is_file()   # written before the report
     for fp in search.fingerprints().values():
         assert fp in page
 
@@ -57,6 +58,9 @@ def test_traces_follow_the_placement_the_trial_recorded(finished):
     exported, baseline = search.traces(rs)
     top = best(rs, "pareto", None)
     assert exported.trial == top.number
+    # against the baseline a user starts from: the most accurate all-int8 one, not the first
+    top_base = max((r for r in rs if r.plan and r.plan.startswith("baseline")), key=lambda r: r.accuracy)
+    assert baseline.trial == top_base.number and baseline.label.startswith("best all-BPU int8 baseline")
     assert sorted(n["name"] for n in exported.nodes if n["on"] == "CPU") == sorted(top.record["cpu_nodes"])
     # all-int8: error enters somewhere, and a float CPU node fed float inputs is exact
     cos = [n["cosine"] for n in baseline.nodes if n["cosine"] is not None]
@@ -71,6 +75,7 @@ def test_tuner_report_redraws_and_survives_missing_model_files(finished, tmp_pat
     r = cli("report", "tiny", "--results-dir", root / "results", cwd=root)
     assert r.returncode == 0, r.stderr
     assert report.is_file() and len(plot_ids(report.read_text(encoding="utf-8"))) == 5
+    assert "<h2>The simplest fix</h2>" in report.read_text(encoding="utf-8")
     model = next((root / "tiny").glob("*.onnx"))
     moved = tmp_path / model.name
     shutil.move(model, moved)

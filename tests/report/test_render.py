@@ -64,3 +64,30 @@ def test_the_trace_shades_cpu_nodes_and_marks_switches_in_one_layout():
     lines = [s for s in fig.layout.shapes if s.type == "line"]
     assert sorted((r.x0 + r.x1) / 2 for r in rects) == [1, 2, 4]
     assert sorted(ln.x0 for ln in lines) == [0.5, 2.5, 3.5, 4.5]
+
+
+def test_the_simplest_fix_section_and_the_front_table_columns():
+    """best_minimal.yaml's kept decisions and the one-line fixes are shown; the Pareto table has the
+    task metrics the trials record, and no plan column when no front row came from the warm start."""
+    from dataclasses import replace
+
+    from tuner.study.record import TrialRecord
+    from tuner.study.results import Change, Fix, Kept, Simplest, TrimResult, front_table
+
+    start = TrialRecord.from_json(RECORDS["node_info"])
+    fix = TrialRecord.from_json(RECORDS["original"])
+    trim = TrimResult(trial=1, start=start, minimal=start, params={}, criterion="mean_cosine >= 0.9999", scored=4,
+                      kept=(Kept(Change("node:/Slice", "BPU:int16", "BPU", ("/Slice",)), 0.012, 0.05),),
+                      removed=(Change("per_channel", True, False), Change("node:/a", "CPU", "BPU", ("/a",))))
+    page = render(snapshot(simplest=Simplest(trim, (Fix("per_channel: True", 0, fix, True),))))
+    assert "<h2>The simplest fix</h2>" in page and "/Slice: int16" in page and "-0.012000" in page
+    assert "not needed: per_channel: True; /a: CPU" in page
+    assert "One-line fixes" in page and "<td>per_channel: True</td>" in page
+    assert "the direct measure" in page          # the importance plot's caveat
+
+    rows = [r for t in snapshot().trials if t.state.name == "COMPLETE" and (r := row(t))]
+    plain = [replace(r, plan=None, trial_record=replace(r.trial_record, task={"miou:seg": 0.75})) for r in rows]
+    headers, cells = front_table(plain, plain[0])
+    assert "plan" not in headers and "miou:seg" in headers and cells[0][0] == "*0"
+    assert cells[0][headers.index("miou:seg")] == "0.7500"
+    assert front_table(rows, None)[0][-1] == "plan"

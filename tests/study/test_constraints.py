@@ -86,6 +86,9 @@ def test_output_constraints_and_a_latency_ratio_decide_feasibility_everywhere(tm
     assert "latency_ratio" in header and "margin cosine:depth >= 0.999" in header
     status = cli("status", "tiny", cwd=tmp_path).stdout
     assert "x the all-int8 plan's modeled latency" in status and "<- binds" in status
+    page = search.paths.report.read_text()
+    assert "<h2>Constraints</h2>" in page and "cosine:depth &gt;= 0.999" in page and "binds" in page
+    assert "x int8" in page
     # every exported trial is within the ratio
     for path in [search.paths.best, *search.paths.pareto.glob("trial_*.yaml")]:
         number = int(path.read_text().splitlines()[0].rsplit("trial ", 1)[1])

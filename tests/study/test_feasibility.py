@@ -77,6 +77,8 @@ def test_an_unreachable_floor_leaves_the_closest_trial_and_next_steps_then_a_low
     assert f"closest: trial {found.row.number}" in status.stdout and "Pareto front of all trials" in status.stdout
     assert f"objectives.min_accuracy <= {found.row.accuracy:.6f}" in status.stdout
     assert f"tuner export tiny --trial {found.row.number}" in status.stdout
+    page = paths.report.read_text()
+    assert "<h2>No trial meets the constraints</h2>" in page and f"closest: trial {found.row.number}" in page
     exp = cli("export", "tiny", cwd=tmp_path)
     assert exp.returncode == 2 and f"--trial {found.row.number}" in exp.stderr
 

@@ -6,7 +6,12 @@ from helpers import build_tiny_model, write_tiny_space
 from tuner.candidate import Calibration, Candidate
 from tuner.graph import Graph, load_target
 from tuner.study.space import load_space, resolve
-from tuner.study.warmstart import best_baseline_calibration, reference_calibration, warm_start_plans
+from tuner.study.warmstart import (
+    baseline_calibrations,
+    best_baseline_calibration,
+    reference_calibration,
+    warm_start_plans,
+)
 
 SENSITIVITY = {"/head/depth/Conv": 0.5, "/gate/Conv": 0.2, "/stem/Conv": 0.1, "/head/seg/Conv": 0.05}
 
@@ -59,3 +64,41 @@ def test_manual_plans_take_the_best_scoring_baseline_calibration(tmp_path):
     assert manual and all(r.candidate(p).calibration == want for p in manual)
     # nothing scores: the reference calibration (the base YAML's max, per-tensor)
     assert best_baseline_calibration(r, plans, lambda c: float("nan")) == reference_calibration(r.space, r.base)
+
+
+def test_baselines_cover_the_whole_percentile_grid(tmp_path):
+    """Every percentile x per_channel of max, and kl per_channel: one all-int8 baseline each (issue 17: only the
+    last percentile was enqueued, so a user's all-int8 YAML at another percentile beat the "best baseline")."""
+    path = write_tiny_space(tmp_path)
+    path.write_text(path.read_text().replace("max_percentile: [1.0, 0.9999]", "max_percentile: [1.0, 0.99999, 0.9999]"))
+    r = resolved_from(path)
+    baselines = [r.candidate(p).calibration for label, p in warm_start_plans(r, SENSITIVITY) if label.startswith("baseline")]
+    want = {Calibration(type="max", max_percentile=p, per_channel=pc) for p in (1.0, 0.99999, 0.9999)
+            for pc in (False, True)} | {Calibration(type="kl", per_channel=pc) for pc in (False, True)}
+    assert len(baselines) == len(want) == 8 and set(baselines) == want
+    assert baseline_calibrations(r.space.knobs) == baselines
+
+
+def resolved_from(space_path):
+    graph = Graph(onnx.shape_inference.infer_shapes(build_tiny_model()))
+    return resolve(load_space(space_path), graph, load_target("bayes-e"), Candidate.make(Calibration(type="max")),
+                   SENSITIVITY)
+
+
+def test_the_study_enqueues_every_baseline_of_the_grid(tmp_path):
+    """0.99999 and 1.0 are both enqueued: Optuna's skip_if_exists compares floats with rtol 1e-5 and took
+    one for the other (the example's 0.99999 baselines never ran)."""
+    from optuna.trial import TrialState
+
+    from tuner.study.session import StudySession
+
+    path = write_tiny_space(tmp_path)
+    path.write_text(path.read_text().replace("max_percentile: [1.0, 0.9999]", "max_percentile: [1.0, 0.99999, 0.9999]"))
+    s = StudySession.open(path, results_dir=tmp_path / "results", quiet=True)
+    study = s.study(seed=0)
+    n = s.enqueue_warm_start(study)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert n == len(s.warm_start_plans(s.manual_calibration())) == len(waiting)
+    pcts = [(t.system_attrs["fixed_params"]["max_percentile"], t.system_attrs["fixed_params"]["per_channel"])
+            for t in waiting if t.user_attrs["plan"].startswith("baseline: all-BPU int8, max")]
+    assert sorted(pcts) == sorted((p, pc) for p in (1.0, 0.99999, 0.9999) for pc in (False, True))

@@ -112,6 +112,7 @@ def search(args: argparse.Namespace) -> int:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
     print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
+    print_simplest(search)
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
         return 1
@@ -192,7 +193,7 @@ def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None)
     from optuna.trial import TrialState
 
     from tuner.console import table
-    from tuner.study.results import best, latency_ratio, margins, pareto, rows, study_objectives
+    from tuner.study.results import best, front_table, latency_ratio, margins, pareto, rows, study_objectives
     from tuner.study.validation import choose_best, stored
 
     rs = rows(study)
@@ -206,19 +207,7 @@ def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None)
         b, chosen_by = (choose_best(rs, vals, objectives) if objectives is not None
                         else (best(rs, mode, min_accuracy), "eval"))
         print("\nPareto front (accuracy up, modeled latency down):")
-        val_cols = ["validation", "worst val", "worst eval"] if vals else []
-
-        def checked(n: int) -> list[str]:
-            v = vals.get(n)
-            return ([f"{v.accuracy:.6f}", f"{v.worst_sample:.6f}", f"{v.eval_worst_sample:.6f}"] if v
-                    else ["--"] * 3) if vals else []
-
-        print(table(["trial", "accuracy", "latency ms"] + val_cols + ["subgraphs", "CPU", "int16", "calibration",
-                                                                    "plan"],
-                    [[("*" if b and r.number == b.number else " ") + str(r.number), f"{r.accuracy:.6f}",
-                      f"{r.latency_ms:.3f}"] + checked(r.number) + [str(r.counts.subgraphs), str(r.counts.cpu_nodes),
-                                                                    str(r.counts.int16_nodes), r.calibration,
-                                                                    r.plan or ""] for r in front]))
+        print(table(*front_table(front, b, vals, objectives)))
         if b is not None and objectives is not None:
             ms = margins(b, objectives)
             ratio = latency_ratio(b, objectives)
@@ -270,6 +259,7 @@ def report(args: argparse.Namespace) -> int:
         if not search.sensitivity:
             search.sensitivity = node_sensitivity(search.space, search.ws, paths.sensitivity,
                                                   progress_printer("node sensitivity"))
+        search.simplest(study)      # the report's 'simplest fix' section (the trim's evaluations)
         out = search.write_report(study, force=True)
         if out is None:
             raise TunerError(f"{paths.report} could not be written (see the warning above)")
@@ -347,3 +337,16 @@ def export(args: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     print(f"wrote {out} (trial {row.number}: accuracy {row.accuracy:.6f}, modeled latency {row.latency_ms:.3f} ms)")
     return 0
+
+
+def print_simplest(search: Any) -> None:
+    """best.yaml's decisions, what best_minimal.yaml keeps, and the one-line calibration fixes
+    (computed at the end of the search: :meth:`StudySession.write_minimal`)."""
+    from tuner.study.trim import summary_lines
+
+    found = search.last_simplest
+    if found is None:
+        return
+    print()
+    for line in summary_lines(found, str(search.paths.best_minimal)):
+        print(line)

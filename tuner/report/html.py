@@ -235,6 +235,34 @@ def node_info_rows(record: TrialRecord) -> list[list[str]]:
     return rows
 
 
+def simplest_html(s: results.Simplest) -> str:
+    """best.yaml's decisions, what best_minimal.yaml keeps (each one's contribution), the one-line fixes."""
+    t = s.trim
+    st, m = t.start, t.minimal
+    out = (f"<p>best.yaml (trial {t.trial}): {st.counts.cpu_nodes} CPU and {st.counts.int16_nodes} int16 node(s), "
+           f"calibration {html.escape(st.calibration.method)}: <b>{t.decisions}</b> decision(s) away from the base "
+           f"YAML; accuracy {st.accuracy:.6f}, {st.latency_ms:.3f} ms.</p>"
+           f"<p>best_minimal.yaml keeps <b>{len(t.kept)}</b> of them and still meets {html.escape(t.criterion)}: "
+           f"accuracy {m.accuracy:.6f}, {m.latency_ms:.3f} ms, {m.counts.cpu_nodes} CPU, {m.counts.int16_nodes} int16 "
+           f"({t.scored} candidate(s) scored).</p>")
+    if t.kept:
+        out += _table(["kept decision", "accuracy without it", "latency it costs (ms)"],
+                      [[k.change.describe(), "fails" if math.isinf(k.accuracy_drop) else f"-{k.accuracy_drop:.6f}",
+                        f"{k.latency_ms:+.3f}"] for k in t.kept], {1, 2})
+    if t.removed:
+        out += ("<p>not needed: " + html.escape("; ".join(c.describe() for c in t.removed)) + "</p>")
+    if s.fixes:
+        task = list(dict.fromkeys(k for f in s.fixes for k in f.record.task))
+        out += "<h3>One-line fixes (calibration only, nodes as in the base YAML)</h3>"
+        out += _table(["change", "trial", "accuracy", "latency ms", *task, "meets the floor"],
+                      [[f.change, str(f.trial), f"{f.record.accuracy:.6f}", f"{f.record.latency_ms:.3f}",
+                        *(f"{f.record.task[k]:.4f}" if k in f.record.task else "" for k in task),
+                        "yes" if f.feasible else f"no ({f.below:.2g} below)" if f.below is not None else "no"]
+                       for f in s.fixes],
+                      set(range(1, 4 + len(task))), 0 if s.fixes[0].feasible else None)
+    return out
+
+
 def verification_html(real: dict[int, RealRecord]) -> str:
     """A table of verified trials, then each attached log's side-by-side comparison."""
     def f(v: Any, digits: int = 6, sign: bool = False) -> str:
@@ -292,7 +320,8 @@ def render(snap: ReportSnapshot) -> str:
     mode = info.mode
     min_acc = info.objectives.min_accuracy
     rs = snap.rows
-    best = results.best(rs, mode, info.objectives.floor)
+    best = (next((r for r in rs if r.number == snap.best_number), None) if snap.best_number is not None
+            else results.best(rs, mode, info.objectives.floor))
     front = results.pareto(rs)
     n_fail = sum(t.state == optuna.trial.TrialState.FAIL for t in snap.trials)
     sections: list[str] = []
@@ -328,20 +357,50 @@ def render(snap: ReportSnapshot) -> str:
         section("Pareto front", plot(pareto_figure, "pareto", rs, best, min_acc, real),
                 "Every completed trial; the red diamonds are hb_mapper's defaults (all nodes BPU int8), the star "
                 "is the trial best.yaml holds.")
-        table_rows, hi = [], None
-        for i, r in enumerate(front):
-            if best is not None and r.number == best.number:
-                hi = i
-            table_rows.append([str(r.number), f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}", str(r.counts.subgraphs),
-                               str(r.counts.cpu_nodes), str(r.counts.int16_nodes), r.calibration,
-                               r.plan or ""])
+        headers, table_rows = results.front_table(front, best, snap.validations, info.objectives)
+        hi = next((i for i, r in enumerate(front) if best is not None and r.number == best.number), None)
+        for cells in table_rows:
+            cells[0] = cells[0].lstrip("* ")
         sections[-1] = sections[-1][:-len("</section>")] + _table(
-            ["trial", "accuracy", "latency ms", "subgraphs", "CPU", "int16", "calibration", "plan"], table_rows,
-            {1, 2, 3, 4, 5}, hi) + "</section>"
+            headers, table_rows, set(range(1, headers.index("calibration"))), hi) + "</section>"
+        if snap.validations and best is not None:
+            v = snap.validations.get(best.number)
+            if v is not None:
+                notes.append(f"validation: the front and the best re-scored on {v.samples} sample(s) the search did "
+                             f"not select on ({v.metric}); best.yaml holds trial {best.number}")
+        objectives = info.objectives
+        if best is not None and results.margins(best, objectives):
+            ms = results.margins(best, objectives)
+            bind = min(ms, key=lambda m: m.relative)
+            section("Constraints", _table(
+                ["constraint", "limit", f"trial {best.number}", "margin", ""],
+                [[m.name, "--" if m.limit is None else f"{m.limit:.6g}", "--" if m.value is None else f"{m.value:.6g}",
+                  f"{m.margin:+.4g}", "binds" if m is bind and len(ms) > 1 else ""] for m in ms], {1, 2, 3}),
+                "Every constraint of the space for the exported trial: its limit (relative ones: times the float "
+                "model's value on the evaluation data), the trial's value and the margin (> 0: met).")
+        if not front:
+            found = results.closest(rs, objectives)
+            if found is not None:
+                headers2, rows2 = results.front_table(results.front_of_all(rs), found.row, snap.validations, objectives)
+                section("No trial meets the constraints", f"<p>closest: {html.escape(found.text())} "
+                        "(results/&lt;study&gt;/closest.yaml)</p>" + _table(headers2, rows2, set())
+                        + "<ul>" + "".join(f"<li>{html.escape(t)}</li>"
+                                           for t in results.next_steps(found, snap.name)) + "</ul>",
+                        "The Pareto front of all trials, none feasible, the closest marked; and what to try next.")
+        if snap.simplest is not None:
+            section("The simplest fix", simplest_html(snap.simplest),
+                    "best.yaml is the cheapest feasible trial, with every decision the sampler made on the way. "
+                    "best_minimal.yaml reverts them one at a time (most modeled latency saved first, calibration "
+                    "last) while the floor holds; the one-line fixes change only the base YAML's calibration.")
         study = _study_of(snap)
+        why = "Optimization history (accuracy per trial and best so far) and which knobs mattered (PED-ANOVA)."
+        if snap.simplest is not None:
+            why += (" PED-ANOVA ranks a knob by how it separates the best trials from the rest; a knob whose effect "
+                    "shows in the warm-start baselines but that every good trial shares ranks low even when it is "
+                    "the fix: the accuracy each kept decision contributes (above, 'The simplest fix') is the direct "
+                    "measure.")
         section("Search", '<div class="grid">' + plot(history_figure, "history", study, mode)
-                + plot(importance_figure, "importances", study, mode) + "</div>",
-                "Optimization history (accuracy per trial and best so far) and which knobs mattered (PED-ANOVA).")
+                + plot(importance_figure, "importances", study, mode) + "</div>", why)
     else:
         notes.append("no completed trial yet")
 

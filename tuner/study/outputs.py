@@ -30,7 +30,7 @@ from tuner.study import results
 from tuner.study.record import Objectives, TrialRecord, direction_name
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
-from tuner.study.validation import Validation, choose_best
+from tuner.study.validation import Validation, choose_best, stored
 from tuner.toolchain.records import real_records
 
 
@@ -48,18 +48,24 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
              notes: list[str] | tuple[str, ...] = ()) -> ReportSnapshot:
     """The report's view of ``study``; ``traces`` (given the rows) when a simulator is at hand."""
     rs = results.rows(study)
-    return ReportSnapshot(name=study.study_name, info=study_info(study), storage=storage,
+    info = study_info(study)
+    vals = stored(study)
+    chosen, _ = choose_best(rs, vals, info.objectives)
+    return ReportSnapshot(name=study.study_name, info=info, storage=storage,
                           directions=[direction_name(d) for d in study.directions],
                           trials=study.get_trials(deepcopy=False), rows=rs, real=real_records(study),
                           sensitivity=dict(sensitivity or {}), traces=traces(rs) if traces is not None and rs else [],
                           best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
-                          notes=list(notes))
+                          notes=list(notes), validations=vals,
+                          best_number=None if chosen is None else chosen.number)
 
 
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
-                 node_names: set[str] | None, provenance: dict[str, str], comments: tuple[str, ...] = ()) -> list[str]:
+                 node_names: set[str] | None, provenance: dict[str, str], comments: tuple[str, ...] = (),
+                 extra_header: list[str] | tuple[str, ...] = ()) -> list[str]:
     """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
-    go into the header after the figures (closest.yaml says what it misses)."""
+    go into the header after the figures (closest.yaml says what it misses); ``extra_header``:
+    whole comment lines after them (best_minimal.yaml says what it kept)."""
     if not base_path.is_file():
         raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
     base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
@@ -72,6 +78,7 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
               f"{rec.counts.subgraphs} BPU subgraph(s), {rec.counts.cpu_nodes} CPU node(s), "
               f"{rec.counts.int16_nodes} int16 node(s); calibration {rec.calibration.method}"]
     header += [f"# {c}" for c in comments]
+    header += list(extra_header)
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
     write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))

@@ -6,12 +6,14 @@ anytime outputs, the report, ``tuner status``, ``export`` and ``verify``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.candidate import Candidate
 from tuner.study.record import RECORD, STUDY_ATTR, Counts, Direction, Margin, Objectives, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
 
 if TYPE_CHECKING:
@@ -181,6 +183,36 @@ def best(rs: list[Row], mode: str, min_accuracy: float | None) -> Row | None:
     return max(feas, key=lambda r: (r.accuracy, -r.latency_ms, -r.number))
 
 
+def front_table(front: list[Row], best: Row | None, vals: Mapping[int, Any] | None = None,
+                objectives: Objectives | None = None) -> tuple[list[str], list[list[str]]]:
+    """The Pareto table (terminal and report): the best marked with ``*``, the latency as a
+    multiple of the all-int8 plan's (when the study measured it), the validation figures of
+    ``vals`` (:class:`tuner.study.validation.Validation` by trial), the task metrics the trials
+    record after the counts, and the warm-start plan column only when a row on the front came
+    from one."""
+    task = list(dict.fromkeys(k for r in front for k in r.trial_record.task))
+    with_plan = any(r.plan for r in front)
+    ratio = objectives is not None and objectives.reference("latency_ms:int8") is not None
+    headers = ["trial", "accuracy", "latency ms"] + (["x int8"] if ratio else [])
+    headers += ["validation", "worst val", "worst eval"] if vals else []
+    headers += ["subgraphs", "CPU", "int16", *task, "calibration"] + (["plan"] if with_plan else [])
+    out = []
+    for r in front:
+        t = r.trial_record.task
+        row = [("*" if best is not None and r.number == best.number else " ") + str(r.number),
+               f"{r.accuracy:.6f}", f"{r.latency_ms:.3f}"]
+        if ratio and objectives is not None:
+            lr = latency_ratio(r, objectives)
+            row.append("--" if lr is None else f"{lr:.2f}")
+        if vals:
+            v = vals.get(r.number)
+            row += [f"{v.accuracy:.6f}", f"{v.worst_sample:.6f}", f"{v.eval_worst_sample:.6f}"] if v else ["--"] * 3
+        row += [str(r.counts.subgraphs), str(r.counts.cpu_nodes), str(r.counts.int16_nodes),
+                *(f"{t[k]:.4f}" if k in t else "" for k in task), r.calibration]
+        out.append(row + ([r.plan or ""] if with_plan else []))
+    return headers, out
+
+
 @dataclass
 class Trace:
     """Per-node output cosine along the topological order, for one candidate."""
@@ -193,6 +225,87 @@ class Trace:
     def from_evaluation(cls, label: str, trial: int | None, ev: Evaluation) -> Trace:
         return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
                                    "cosine": r.cosine} for r in ev.nodes])
+
+
+# --------------------------------------------------------------------------- the simplest fix
+# (computed by tuner.study.trim; here because the report shows them)
+_CHOICE_TEXT = {"CPU": "CPU", "BPU": "BPU int8", "BPU:int16": "int16", "BPU:int16_input": "int16 input",
+                "BPU:int16_output": "int16 output"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One decision of the winner: an Optuna parameter whose value differs from the base YAML's."""
+
+    param: str                     # node:/Slice, tie:/blocks.*/Conv, per_channel, max_percentile, calibration_type
+    value: Any                     # the winner's
+    base: Any                      # the base YAML's (what a revert sets)
+    nodes: tuple[str, ...] = ()    # the nodes a node decision sets; () for a calibration knob
+
+    @property
+    def kind(self) -> str:
+        return "node" if self.nodes else "calibration"
+
+    def describe(self) -> str:
+        """``/Slice: int16``, ``/a/Conv (+3 tied): CPU``, ``per_channel: True``."""
+        if not self.nodes:
+            return f"{self.param}: {self.value}"
+        where = self.nodes[0] + (f" (+{len(self.nodes) - 1} tied)" if len(self.nodes) > 1 else "")
+        return f"{where}: {_CHOICE_TEXT.get(str(self.value), self.value)}"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A decision the floor needs: what the minimal candidate loses without it."""
+
+    change: Change
+    accuracy_drop: float    # minimal's accuracy minus its accuracy without this decision (inf: the simulation fails)
+    latency_ms: float       # minimal's modeled latency minus its latency without it
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    """The winner trimmed to the decisions its floor needs."""
+
+    trial: int                         # the trial trimmed (best.yaml's)
+    start: TrialRecord                 # its record
+    minimal: TrialRecord               # the trimmed candidate's
+    params: Mapping[str, Any]          # the trimmed candidate's Optuna parameters
+    kept: tuple[Kept, ...]             # in the order tried
+    removed: tuple[Change, ...]        # in the order tried
+    criterion: str                     # what "still meets the floor" meant
+    scored: int                        # distinct candidates scored (the winner's included)
+
+    @property
+    def candidate(self) -> Candidate:
+        return self.minimal.candidate
+
+    @property
+    def decisions(self) -> int:
+        return len(self.kept) + len(self.removed)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A completed trial that is the base YAML with only its calibration_parameters changed."""
+
+    change: str             # the YAML lines that differ: ``per_channel: True``
+    trial: int
+    record: TrialRecord
+    feasible: bool          # meets the criterion best_minimal.yaml had to meet
+    below: float | None = None   # how far its accuracy is below that criterion's floor (None: met, or no floor)
+
+
+@dataclass(frozen=True)
+class Simplest:
+    """What the terminal summary and the report show next to best.yaml."""
+
+    trim: TrimResult
+    fixes: tuple[Fix, ...]
+
+    def feasible_fixes(self) -> list[Fix]:
+        return [f for f in self.fixes if f.feasible]
+
 
 
 @dataclass
@@ -210,3 +323,6 @@ class ReportSnapshot:
     traces: list[Trace] = field(default_factory=list)
     best_yaml: str | None = None
     notes: list[str] = field(default_factory=list)
+    simplest: Simplest | None = None           # best.yaml trimmed, the one-line fixes (tuner.study.trim)
+    validations: dict[int, Any] = field(default_factory=dict)   # trial -> tuner.study.validation.Validation
+    best_number: int | None = None             # best.yaml's trial (chosen by validation when there is one)

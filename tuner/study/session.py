@@ -62,6 +62,7 @@ from tuner.study.storage import (
     redact,
     study_info,
 )
+from tuner.study.trim import Simplest, TrimResult, accuracy_floor, criterion, one_line_fixes, trim
 from tuner.study.validation import Validator, validation_data
 from tuner.study.warmstart import (
     Plan,
@@ -95,6 +96,9 @@ class StudySession:
     _traces: dict[str, Evaluation] = field(default_factory=dict)
     _manual_cal: Calibration | None = None
     _evaluated: dict[str, Evaluation] = field(default_factory=dict)  # baselines evaluated before their trials ran
+    _scored: dict[str, TrialRecord] = field(default_factory=dict)   # candidates simulated outside a trial (the trim)
+    _trimmed: TrimResult | None = None
+    _simplest: Simplest | None = None      # as last computed (write_minimal at the end of a search)
 
     # ---------------------------------------------------------------- set-up
     @classmethod
@@ -273,8 +277,10 @@ class StudySession:
             return 0
         plans = self.warm_start_plans(self.manual_calibration() if self.space.settings.warm_start and self.sensitivity
                                       else None)
+        # The plans are distinct candidates and the study is empty: no skip_if_exists, whose float
+        # test (np.isclose, rtol 1e-5) takes max_percentile 0.99999 for 1.0 and drops that baseline.
         for label, params in plans:
-            study.enqueue_trial(params, user_attrs={"plan": label}, skip_if_exists=True)
+            study.enqueue_trial(params, user_attrs={"plan": label})
         return len(plans)
 
     # ---------------------------------------------------------------- trials
@@ -335,19 +341,22 @@ class StudySession:
         except Exception as exc:
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
             raise
-        lat = self.cost.latency(ev.plan)
-        record = TrialRecord(key=key, accuracy=acc, outputs=ev.outputs, task=ev.task,
-                             latency=Latency.from_json(lat.as_dict()), counts=Counts.from_json(ev.counts()),
-                             calibration=CalibrationUsed(method=ev.calibration.describe(),
-                                                         requested=cand.calibration.describe()),
-                             candidate_fields=cand.to_yaml_fields(), cpu_nodes=tuple(ev.plan.cpu_nodes),
-                             notes=tuple(ev.notes[:20]), seconds=ev.seconds)
+        record = self._record(cand, ev, acc)
         trial.set_user_attr(RECORD, record.to_json())
         self._constrain(trial, record)
-        values = self.objectives.values(acc, lat.total_ms)
+        values = self.objectives.values(acc, record.latency_ms)
         self._done[key] = (trial.number, values, record)
         self._seen.add(trial.number)
         return values if len(values) > 1 else values[0]
+
+    def _record(self, cand: Candidate, ev: Evaluation, acc: float) -> TrialRecord:
+        lat = self.cost.latency(ev.plan)
+        return TrialRecord(key=cand.key(), accuracy=acc, outputs=ev.outputs, task=ev.task,
+                           latency=Latency.from_json(lat.as_dict()), counts=Counts.from_json(ev.counts()),
+                           calibration=CalibrationUsed(method=ev.calibration.describe(),
+                                                       requested=cand.calibration.describe()),
+                           candidate_fields=cand.to_yaml_fields(), cpu_nodes=tuple(ev.plan.cpu_nodes),
+                           notes=tuple(ev.notes[:20]), seconds=ev.seconds)
 
     def _constrain(self, trial: optuna.Trial, record: TrialRecord) -> None:
         o = self.objectives
@@ -357,8 +366,9 @@ class StudySession:
 
     # ---------------------------------------------------------------- outputs
     def outputs(self) -> list[Output]:
-        """The loop's callbacks of a search in this process: result files and the report."""
-        return [self.result_files, self.report_file]
+        """The loop's callbacks of a search in this process: result files, best_minimal.yaml at the
+        end (before the report, which shows it), and the report."""
+        return [self.result_files, AtFinish(self.write_minimal), self.report_file]
 
     @property
     def result_files(self) -> ResultFiles:
@@ -411,6 +421,7 @@ class StudySession:
         if not full and snap.rows and len(snap.traces) < len(self._trace_candidates(snap.rows)):
             snap.notes.append("the per-node error along the graph is drawn at the end of the search and by "
                               f"'tuner report {self.name}' (it needs the simulator, which the search is using)")
+        snap.simplest = self._simplest
         return snap
 
     def _trace_candidates(self, rs: list[results.Row]) -> list[tuple[str, int | None, Candidate]]:
@@ -421,8 +432,8 @@ class StudySession:
             want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))
         base = [r for r in rs if r.plan and r.plan.startswith("baseline")]
         if base:
-            b = min(base, key=lambda r: r.number)
-            want.append((f"all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number,
+            b = max(base, key=lambda r: (r.accuracy, -r.number))
+            want.append((f"best all-BPU int8 baseline ({b.calibration}, trial {b.number})", b.number,
                          b.trial_record.candidate))
         else:
             ref = self.resolved.candidate(self.resolved.params_for(reference_calibration(self.space,
@@ -443,6 +454,65 @@ class StudySession:
                 self._traces[key] = self.ws.simulator.evaluate(cand, per_node=True)
             out.append(Trace.from_evaluation(label, number, self._traces[key]))
         return out
+
+    # ---------------------------------------------------------------- the simplest fix
+    def score(self, study: optuna.Study, cand: Candidate) -> TrialRecord:
+        """A candidate's record: the study's trial of the same candidate if there is one, else
+        simulated (once: kept for the next call). Raises when the simulation fails."""
+        key = cand.key()
+        hit = self.lookup(study, key)
+        if hit is not None:
+            return hit[2]
+        if key not in self._scored:
+            ev = self.ws.simulator.evaluate(cand)
+            acc = accuracy(ev.outputs, self.objectives.accuracy, ev.task)
+            if not math.isfinite(acc):
+                raise FloatingPointError(f"accuracy is {acc}")
+            self._scored[key] = self._record(cand, ev, acc)
+        return self._scored[key]
+
+    def modeled_latency(self, cand: Candidate) -> float:
+        """The cost model's latency of a candidate's plan (no simulation)."""
+        return self.cost.latency(self.ws.simulator.plan(cand)).total_ms
+
+    def simplest(self, study: optuna.Study) -> Simplest | None:
+        """best.yaml's trial trimmed to the decisions the floor needs, and the one-line fixes
+        (:mod:`tuner.study.trim`); None before a feasible trial exists. The trim is redone only
+        when the best trial changes."""
+        rs = results.rows(study)
+        top = results.best(rs, self.mode, self.objectives.floor)
+        if top is None or top.trial is None:
+            return None
+        r = self.resolved
+        if self._trimmed is None or self._trimmed.trial != top.number:
+            self._trimmed = trim(r, top.number, dict(top.trial.params), top.trial_record, self.objectives,
+                                 lambda c: self.score(study, c), self.modeled_latency)
+        meets, _ = criterion(self.objectives, top.trial_record)
+        floor = accuracy_floor(self.objectives, top.trial_record)
+        self._simplest = Simplest(self._trimmed, tuple(one_line_fixes(r, rs, meets, floor)))
+        return self._simplest
+
+    @property
+    def last_simplest(self) -> Simplest | None:
+        """What :meth:`simplest` found last (the end of the search wrote best_minimal.yaml from it)."""
+        return self._simplest
+
+    def write_minimal(self, study: optuna.Study) -> Simplest | None:
+        """Write results/<study>/best_minimal.yaml (best.yaml's trial trimmed, same header and
+        checks as best.yaml); returns what the terminal and the report show."""
+        found = self.simplest(study)
+        if found is None:
+            return None
+        t = found.trim
+        row = results.Row(number=t.trial, trial_record=t.minimal, feasible=True, plan=None)
+        kept = "; ".join(f"{k.change.describe()}" for k in t.kept) or "none"
+        removed = "; ".join(c.describe() for c in t.removed) or "none"
+        export_trial(row, self.paths.best_minimal, self.space.base, self.ws.node_info_supported,
+                     set(self.ws.graph.by_name), {"study": self.name, **self.fingerprints()},
+                     extra_header=[f"# trimmed: keeps {len(t.kept)} of trial {t.trial}'s {t.decisions} decision(s) "
+                                   f"away from the base YAML ({t.criterion}); kept: {kept}",
+                                   f"# removed (not needed for the criterion): {removed}"])
+        return found
 
     def export(self, row: results.Row, out: Path, comments: tuple[str, ...] = ()) -> list[str]:
         return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
@@ -479,6 +549,26 @@ def _name_metrics(study: optuna.Study, objectives: Objectives) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(objectives.metric_names())
+
+
+class AtFinish:
+    """A loop output that does its work once, at the end of the search (``finish``). A failure is
+    a warning: the search's other results are written."""
+
+    def __init__(self, finish: Callable[[optuna.Study], object]) -> None:
+        self._finish = finish
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        return None
+
+    def on_progress(self, study: optuna.Study) -> None:
+        return None
+
+    def finish(self, study: optuna.Study) -> None:
+        try:
+            self._finish(study)
+        except Exception as exc:
+            print(f"warning: best_minimal.yaml not written: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def resume_seed(seed: int, n_trials: int) -> int:

@@ -42,6 +42,11 @@ class StudyPaths:
         return self.root / "closest.yaml"
 
     @property
+    def best_minimal(self) -> Path:
+        """best.yaml's trial trimmed to the decisions its floor needs (tuner.study.trim)."""
+        return self.root / "best_minimal.yaml"
+
+    @property
     def pareto(self) -> Path:
         return self.root / "pareto"
 

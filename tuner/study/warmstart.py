@@ -1,8 +1,8 @@
 """The warm start: the trials a study begins with, from a resolved space and the node ranking.
 
-Baselines first (all-BPU int8 under each calibration the space allows), then the usual
-manual fixes (the most sensitive nodes to int16, sensitive tail nodes to the CPU) under
-the calibration a user would start from. Pure functions of the resolved space, the
+Baselines first (all-BPU int8 under each calibration setting of the space's grid:
+:func:`baseline_calibrations`), then the usual manual fixes (the most sensitive nodes to
+int16, sensitive tail nodes to the CPU) under the calibration a user would start from. Pure functions of the resolved space, the
 sensitivity ranking and, for choosing that calibration, a scoring function (the session
 passes one that simulates).
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from tuner.candidate import Calibration, Candidate
 from tuner.sensitivity import cached_sensitivity, leave_one_float
+from tuner.study.sections import CalibrationKnobs
 from tuner.study.space import ResolvedSpace, SearchSpace, free_nodes
 from tuner.workspace import Workspace
 
@@ -34,9 +35,26 @@ def reference_calibration(space: SearchSpace, base: Candidate) -> Calibration:
     return Calibration(type=ctype, per_channel=k.per_channel[0])
 
 
+def baseline_calibrations(knobs: CalibrationKnobs) -> list[Calibration]:
+    """Every calibration setting of the space's grid, once: for ``max`` each percentile (1.0 is
+    plain max) x each per_channel value, for ``kl`` each per_channel value, for ``default`` and
+    ``mix`` one (neither takes a percentile or per_channel). At most
+    len(max_percentile) x len(per_channel) + len(per_channel) + 2 settings (the example: 3 x 2 + 2
+    = 8), so the warm start stays a few trials and "the best all-int8 baseline" is the best of the
+    whole grid, not of one percentile."""
+    out: list[Calibration] = []
+    for ctype in knobs.calibration_type:
+        for pc in (knobs.per_channel if ctype in ("max", "kl") else (False,)):
+            for pct in (knobs.max_percentile if ctype == "max" else (None,)):
+                cal = Calibration(type=ctype, max_percentile=pct, per_channel=pc)
+                if cal not in out:
+                    out.append(cal)
+    return out
+
+
 def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
                      manual_calibration: Calibration | None = None) -> list[Plan]:
-    """Baselines first: all-BPU int8 under each calibration, then the usual manual fixes under
+    """Baselines first: all-BPU int8 under each calibration setting of the grid, then the usual manual fixes under
     ``manual_calibration`` (default: the reference calibration of the sensitivity ranking).
     Plans that make the same candidate are listed once."""
     space = r.space
@@ -50,14 +68,8 @@ def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
             seen.add(key)
             plans.append((label, params))
 
-    pcts = [p for p in knobs.max_percentile if Calibration(type="max", max_percentile=p).max_percentile is not None]
-    for ctype in knobs.calibration_type:
-        for pc in (knobs.per_channel if ctype in ("max", "kl") else [False]):
-            cal = Calibration(type=ctype, per_channel=pc)
-            add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
-            if ctype == "max" and pcts:
-                cal = Calibration(type="max", max_percentile=float(pcts[-1]), per_channel=pc)
-                add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
+    for cal in baseline_calibrations(knobs):
+        add(f"baseline: all-BPU int8, {cal.describe()}", r.params_for(cal))
     if not space.settings.warm_start or not sensitivity:
         return plans
     ref = manual_calibration or reference_calibration(space, r.base)
