@@ -86,7 +86,7 @@ def search(args: argparse.Namespace) -> int:
     # During set-up Ctrl-C interrupts at once (a process started in the background inherits
     # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from tuner.study.session import preflight
+    from tuner.study.join import preflight
     preflight(args.space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
     if not _data_ok(args.space):
         return 2
@@ -125,8 +125,8 @@ def search(args: argparse.Namespace) -> int:
 def worker(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
+    from tuner.study.join import join_study
     from tuner.study.loop import STOP, duration, install_stop_handlers, work
-    from tuner.study.session import join_study
     from tuner.study.storage import redact
 
     signal.signal(signal.SIGINT, signal.default_int_handler)

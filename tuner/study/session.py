@@ -14,12 +14,10 @@ import math
 import os
 import socket
 import sys
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -29,12 +27,12 @@ from tuner.cost import CostModel
 from tuner.cost.latency import load_profile
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import write_atomic
-from tuner.files import check_writable
-from tuner.inputs.config import load_config
 from tuner.inputs.model import file_fingerprint
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Evaluation
 from tuner.study import results
+from tuner.study.minimal import MinimalFix
+from tuner.study.opening import AtFinish, check_outputs, name_metrics, resume_seed, with_references
 from tuner.study.orphans import reap, tag_trials
 from tuner.study.outputs import Output, ReportFile, ResultFiles, default_renderer, export_trial, snapshot
 from tuner.study.record import (
@@ -49,20 +47,16 @@ from tuner.study.record import (
     TrialRecord,
 )
 from tuner.study.results import ReportSnapshot, Trace
-from tuner.study.sections import ACCURACY
 from tuner.study.space import ResolvedSpace, SearchSpace, load_space, resolve
 from tuner.study.storage import (
     FINGERPRINTS,
     HEARTBEAT_S,
     SENSITIVITY_ATTR,
     StudyPaths,
-    check_storage,
-    load_study,
     make_storage,
     redact,
-    study_info,
 )
-from tuner.study.trim import Simplest, TrimResult, accuracy_floor, criterion, one_line_fixes, trim
+from tuner.study.trim import Simplest
 from tuner.study.validation import Validator, validation_data
 from tuner.study.warmstart import (
     Plan,
@@ -96,9 +90,7 @@ class StudySession:
     _traces: dict[str, Evaluation] = field(default_factory=dict)
     _manual_cal: Calibration | None = None
     _evaluated: dict[str, Evaluation] = field(default_factory=dict)  # baselines evaluated before their trials ran
-    _scored: dict[str, TrialRecord] = field(default_factory=dict)   # candidates simulated outside a trial (the trim)
-    _trimmed: TrimResult | None = None
-    _simplest: Simplest | None = None      # as last computed (write_minimal at the end of a search)
+    _minimal: MinimalFix | None = None
 
     # ---------------------------------------------------------------- set-up
     @classmethod
@@ -182,7 +174,7 @@ class StudySession:
                 raise TunerError(f"no study named {self.name!r} in {self._where()}") from None
             study = optuna.create_study(study_name=self.name, storage=storage, directions=self.directions(),
                                         sampler=self.sampler(seed))
-            _name_metrics(study, self.objectives)
+            name_metrics(study, self.objectives)
             study.set_user_attr(STUDY_ATTR, info.to_json())
             study.set_user_attr(SENSITIVITY_ATTR, self.sensitivity)
             return study
@@ -208,7 +200,7 @@ class StudySession:
             raise TunerError(f"study {self.name!r} optimises {[d.name.lower() for d in study.directions]}, the space "
                              f"asks for {self.directions()}; use --study NEW_NAME")
         if study.metric_names is None:         # a study made before tuner named its metrics
-            _name_metrics(study, self.objectives)
+            name_metrics(study, self.objectives)
         self._adopt_floors(study, before)
         n = len(study.get_trials(deepcopy=False))
         if seed is not None and n:
@@ -341,7 +333,7 @@ class StudySession:
         except Exception as exc:
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
             raise
-        record = self._record(cand, ev, acc)
+        record = self.record(cand, ev, acc)
         trial.set_user_attr(RECORD, record.to_json())
         self._constrain(trial, record)
         values = self.objectives.values(acc, record.latency_ms)
@@ -349,7 +341,7 @@ class StudySession:
         self._seen.add(trial.number)
         return values if len(values) > 1 else values[0]
 
-    def _record(self, cand: Candidate, ev: Evaluation, acc: float) -> TrialRecord:
+    def record(self, cand: Candidate, ev: Evaluation, acc: float) -> TrialRecord:
         lat = self.cost.latency(ev.plan)
         return TrialRecord(key=cand.key(), accuracy=acc, outputs=ev.outputs, task=ev.task,
                            latency=Latency.from_json(lat.as_dict()), counts=Counts.from_json(ev.counts()),
@@ -421,7 +413,7 @@ class StudySession:
         if not full and snap.rows and len(snap.traces) < len(self._trace_candidates(snap.rows)):
             snap.notes.append("the per-node error along the graph is drawn at the end of the search and by "
                               f"'tuner report {self.name}' (it needs the simulator, which the search is using)")
-        snap.simplest = self._simplest
+        snap.simplest = self.last_simplest
         return snap
 
     def _trace_candidates(self, rs: list[results.Row]) -> list[tuple[str, int | None, Candidate]]:
@@ -456,171 +448,30 @@ class StudySession:
         return out
 
     # ---------------------------------------------------------------- the simplest fix
-    def score(self, study: optuna.Study, cand: Candidate) -> TrialRecord:
-        """A candidate's record: the study's trial of the same candidate if there is one, else
-        simulated (once: kept for the next call). Raises when the simulation fails."""
-        key = cand.key()
-        hit = self.lookup(study, key)
-        if hit is not None:
-            return hit[2]
-        if key not in self._scored:
-            ev = self.ws.simulator.evaluate(cand)
-            acc = accuracy(ev.outputs, self.objectives.accuracy, ev.task)
-            if not math.isfinite(acc):
-                raise FloatingPointError(f"accuracy is {acc}")
-            self._scored[key] = self._record(cand, ev, acc)
-        return self._scored[key]
-
-    def modeled_latency(self, cand: Candidate) -> float:
-        """The cost model's latency of a candidate's plan (no simulation)."""
-        return self.cost.latency(self.ws.simulator.plan(cand)).total_ms
+    @property
+    def minimal(self) -> MinimalFix:
+        """best.yaml's trial trimmed, and the one-line fixes (:class:`tuner.study.minimal.MinimalFix`)."""
+        if self._minimal is None:
+            self._minimal = MinimalFix(self)
+        return self._minimal
 
     def simplest(self, study: optuna.Study) -> Simplest | None:
-        """best.yaml's trial trimmed to the decisions the floor needs, and the one-line fixes
-        (:mod:`tuner.study.trim`); None before a feasible trial exists. The trim is redone only
-        when the best trial changes."""
-        rs = results.rows(study)
-        top = results.best(rs, self.mode, self.objectives.floor)
-        if top is None or top.trial is None:
-            return None
-        r = self.resolved
-        if self._trimmed is None or self._trimmed.trial != top.number:
-            self._trimmed = trim(r, top.number, dict(top.trial.params), top.trial_record, self.objectives,
-                                 lambda c: self.score(study, c), self.modeled_latency)
-        meets, _ = criterion(self.objectives, top.trial_record)
-        floor = accuracy_floor(self.objectives, top.trial_record)
-        self._simplest = Simplest(self._trimmed, tuple(one_line_fixes(r, rs, meets, floor)))
-        return self._simplest
+        return self.minimal.simplest(study)
+
+    def score(self, study: optuna.Study, cand: Candidate) -> TrialRecord:
+        return self.minimal.score(study, cand)
+
+    def modeled_latency(self, cand: Candidate) -> float:
+        return self.minimal.modeled_latency(cand)
 
     @property
     def last_simplest(self) -> Simplest | None:
-        """What :meth:`simplest` found last (the end of the search wrote best_minimal.yaml from it)."""
-        return self._simplest
+        return self.minimal.last
 
     def write_minimal(self, study: optuna.Study) -> Simplest | None:
-        """Write results/<study>/best_minimal.yaml (best.yaml's trial trimmed, same header and
-        checks as best.yaml); returns what the terminal and the report show."""
-        found = self.simplest(study)
-        if found is None:
-            return None
-        t = found.trim
-        row = results.Row(number=t.trial, trial_record=t.minimal, feasible=True, plan=None)
-        kept = "; ".join(f"{k.change.describe()}" for k in t.kept) or "none"
-        removed = "; ".join(c.describe() for c in t.removed) or "none"
-        export_trial(row, self.paths.best_minimal, self.space.base, self.ws.node_info_supported,
-                     set(self.ws.graph.by_name), {"study": self.name, **self.fingerprints()},
-                     extra_header=[f"# trimmed: keeps {len(t.kept)} of trial {t.trial}'s {t.decisions} decision(s) "
-                                   f"away from the base YAML ({t.criterion}); kept: {kept}",
-                                   f"# removed (not needed for the criterion): {removed}"])
-        return found
+        return self.minimal.write(study)
 
     def export(self, row: results.Row, out: Path, comments: tuple[str, ...] = ()) -> list[str]:
         return export_trial(row, out, self.space.base, self.ws.node_info_supported, set(self.ws.graph.by_name),
                             {"study": self.name, **self.fingerprints()},
                             tuple(comments) + results.margin_comments(row, self.objectives))
-
-
-def with_references(objectives: Objectives, ws: Workspace, cost: CostModel) -> Objectives:
-    """``objectives`` with what its relative constraints scale: the float model's value of each
-    relative constraint's metric on the evaluation data, and the all-BPU int8 plan's modeled
-    latency for ``max_latency_ratio`` (the base YAML's calibration, no node_info)."""
-    refs: dict[str, float] = {}
-    rel = [c for c in objectives.constraints_ if c.relative]
-    if rel:
-        task = ws.simulator.float_task()
-        for c in rel:
-            if c.metric in task:
-                refs[c.metric] = task[c.metric]
-            elif ACCURACY.match(c.metric):
-                refs[c.metric] = 1.0     # a cosine of float against itself
-            if refs.get(c.metric) == 0.0:
-                raise TunerError(f"objectives.constraints: {c.name!r}: the float model's {c.metric} is 0 on the "
-                                 "evaluation data (no labels for that output?), so a bound relative to it means "
-                                 "nothing; give an absolute bound or labels")
-    if objectives.max_latency_ratio is not None:
-        base = ws.base_candidate()
-        int8 = Candidate.make(base.calibration, {}, ())
-        refs["latency_ms:int8"] = cost.latency(ws.simulator.plan(int8)).total_ms
-    return replace(objectives, references=tuple(sorted(refs.items()))) if refs else objectives
-
-
-def _name_metrics(study: optuna.Study, objectives: Objectives) -> None:
-    """Optuna's metric names (experimental since Optuna 3.2, stable in use: the dashboard reads them)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(objectives.metric_names())
-
-
-class AtFinish:
-    """A loop output that does its work once, at the end of the search (``finish``). A failure is
-    a warning: the search's other results are written."""
-
-    def __init__(self, finish: Callable[[optuna.Study], object]) -> None:
-        self._finish = finish
-
-    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        return None
-
-    def on_progress(self, study: optuna.Study) -> None:
-        return None
-
-    def finish(self, study: optuna.Study) -> None:
-        try:
-            self._finish(study)
-        except Exception as exc:
-            print(f"warning: best_minimal.yaml not written: {type(exc).__name__}: {exc}", file=sys.stderr)
-
-
-def resume_seed(seed: int, n_trials: int) -> int:
-    return int(np.random.SeedSequence([seed, n_trials]).generate_state(1)[0])
-
-
-def check_outputs(paths: StudyPaths, storage: str | None) -> None:
-    """The study's folder (best.yaml, pareto/, trials.csv, sensitivity.json, report) and its storage
-    can be written: one line now instead of a traceback after minutes of statistics and sensitivity."""
-    check_writable(paths.root, "the study's results")
-    check_storage(storage, paths, must_exist=False)
-
-
-def preflight(space_path: str | Path, name: str | None, storage: str | None, results_dir: str | Path) -> None:
-    """:func:`check_outputs` for ``tuner search`` before anything reads the data (the space file is cheap)."""
-    check_outputs(StudyPaths(Path(results_dir) / (name or load_space(space_path).name)), storage)
-
-
-def join_study(name: str, storage: str | None, space: str | Path | None = None, results_dir: str | Path = "results",
-               threads: int | None = None, heartbeat: float | None = None, max_retry: int = 1,
-               quiet: bool = True, render: Callable[[ReportSnapshot], str] | None = None) -> StudySession:
-    """A worker's view of an existing study, made from this machine's files.
-
-    The space file is the one given, else the path the study recorded (the same machine, or
-    the same layout). Its model, data, base YAML and resolved space are fingerprinted here and
-    compared with the study's: a worker with other inputs would add results of another problem."""
-    paths = StudyPaths(Path(results_dir) / name)
-    if storage is None and not paths.journal.exists():
-        raise TunerError(f"no study {name!r}: {paths.journal} does not exist; pass --storage URL (the study's "
-                         "database) or --results-dir")
-    study = load_study(name, storage, paths, " (start it with 'tuner search SPACE --storage URL')", heartbeat=None)
-    info = study_info(study)
-    space_path = Path(space) if space is not None else Path(info.space_path)
-    if not space_path.is_file():
-        raise TunerError(f"the study's space file {space_path} is not on this machine; pass --space PATH to this "
-                         "machine's copy (with the model, data and base YAML beside it as on the first machine)")
-    _check_files_early(name, space_path, info.fingerprints)
-    search = StudySession.open(space_path, name, storage, results_dir, threads, quiet=quiet,
-                         sensitivity=study.user_attrs.get(SENSITIVITY_ATTR), render=render)
-    search.heartbeat, search.max_retry = heartbeat, max_retry
-    return search
-
-
-def _check_files_early(name: str, space_path: Path, stored: dict[str, str]) -> None:
-    """The model and base YAML are compared before the workspace is built (calibration
-    statistics of a big model take minutes); data and the resolved space are checked after."""
-    space = load_space(space_path)
-    files = {"base_config": ("base YAML", space.base)}
-    files["model"] = ("model", load_config(space.base).onnx_model)
-    for key, (what, path) in files.items():
-        have = file_fingerprint(path) if path is not None and path.is_file() else "missing"
-        if key in stored and have != stored[key]:
-            raise TunerError(f"cannot join study {name!r}: {what} {path} (sha256 {have[:12]}) is not the study's "
-                             f"{what} (sha256 {stored[key][:12]}); copy the study's files to this machine (same "
-                             "model, data, base YAML and space), or point --space at the right space file")
