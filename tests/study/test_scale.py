@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -70,6 +71,17 @@ def slow_space(root: Path) -> Path:
     return space
 
 
+@contextmanager
+def released(root, proc):
+    """Whatever the block does, the held trials are let go and the search does not outlive the test."""
+    try:
+        yield
+    finally:
+        (root / "hold").unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.kill()
+
+
 def assert_exact_budget(trials, n):
     numbers = [t.number for t in trials]
     assert len(set(numbers)) == len(numbers) and sorted(numbers) == list(range(len(numbers)))
@@ -84,7 +96,7 @@ def test_three_local_workers_on_a_journal_complete_exactly_the_budget(tmp_path):
     space = slow_space(tmp_path)
     (tmp_path / "hold").touch()
     proc = tuner("search", space, "--n-trials", 14, "--jobs", 3, cwd=tmp_path)
-    try:
+    with released(tmp_path, proc):
         pids: set[int] = set()
         deadline = time.time() + 180
         while time.time() < deadline and len(pids) < 3 and proc.poll() is None:
@@ -93,10 +105,6 @@ def test_three_local_workers_on_a_journal_complete_exactly_the_budget(tmp_path):
                     if t.state == TrialState.RUNNING and "worker" in t.user_attrs}
         (tmp_path / "hold").unlink()
         code, out, err = finish(proc)
-    finally:
-        (tmp_path / "hold").unlink(missing_ok=True)
-        if proc.poll() is None:
-            proc.kill()
     assert len(pids) == 3, f"never three trials running at once: {pids}"
     assert code == 0, err
     trials = trials_of("tiny", None, tmp_path)
@@ -171,7 +179,7 @@ def _assert_orphan_failed_and_retried(trials, orphan, done_before, n):
 def test_kill_9_of_a_local_worker_fails_and_retries_its_trial_once(tmp_path):
     space = slow_space(tmp_path)
     proc = tuner("search", space, "--n-trials", 14, "--jobs", 3, cwd=tmp_path)
-    try:
+    with released(tmp_path, proc):
         # a few trials complete first ("nothing completed is lost"), then every trial is held
         deadline = time.time() + 120
         while time.time() < deadline and sum(t.state == TrialState.COMPLETE
@@ -181,10 +189,6 @@ def test_kill_9_of_a_local_worker_fails_and_retries_its_trial_once(tmp_path):
         pid, orphan, before = _kill_one_mid_trial(tmp_path, "tiny", None, lambda: proc.poll() is None, 3)
         (tmp_path / "hold").unlink()
         code, out, err = finish(proc)
-    finally:
-        (tmp_path / "hold").unlink(missing_ok=True)
-        if proc.poll() is None:
-            proc.kill()
     assert code == 0, err
     done_before = {t.number: t.values for t in before if t.state == TrialState.COMPLETE}
     assert done_before
