@@ -6,7 +6,7 @@ Derives the model from the bundled ``segdepth.onnx`` (96x160) without torch and 
 ``DIR`` (default ``examples/segdepth/data/<H>x<W>/``, git-ignored; about 2 s, the check 3 s more):
 
 * ``segdepth_<H>x<W>.onnx``  the same graph and initializers with input ``[1, 5, H, W]``;
-* ``cal/``, ``eval/``, ``labels/``  data as make_data.py writes it, from ``scenes.make_sample(i,
+* ``cal/``, ``eval/``, ``labels/``  data written by make_data.py's ``write``, from ``scenes.make_sample(i,
   split, size=(H, W))`` (the same seeds as the 96x160 data, pixel quantities scaled);
 * ``hb_config.yaml``, ``search.yaml``  the example's config and search space pointed at them.
 
@@ -252,21 +252,6 @@ TOLERANCE = {"seg": 1e-3, "depth": 1e-2}  # logits span about +-12, depth 0..80 
 
 
 # ----------------------------------------------------------------------------- the files
-def write_data(out: Path, size: tuple[int, int], n_cal: int, n_eval: int) -> None:
-    scenes = _load("scenes")
-    cal_dir, eval_dir, lab_dir = out / "cal", out / "eval", out / "labels"
-    for d in (cal_dir, eval_dir, lab_dir):
-        d.mkdir(parents=True, exist_ok=True)
-    for i in range(n_cal):
-        x, _, _ = scenes.make_sample(i, "cal", size=size)
-        x[None].astype(np.float32).tofile(cal_dir / f"{i:04d}.bin")
-    for i in range(n_eval):
-        x, seg, depth = scenes.make_sample(i, "eval", size=size)
-        x[None].astype(np.float32).tofile(eval_dir / f"{i:04d}.bin")
-        np.save(lab_dir / f"seg_{i:04d}.npy", seg.astype(np.int64))
-        np.save(lab_dir / f"depth_{i:04d}.npy", depth.astype(np.float32))
-
-
 def write_configs(out: Path, size: tuple[int, int], model_file: str) -> tuple[Path, Path]:
     """hb_config.yaml and search.yaml of the example, for this size and folder."""
     import yaml
@@ -310,7 +295,7 @@ def make(size: tuple[int, int], out: Path | None = None, n_cal: int = 8, n_eval:
             raise SystemExit(f"the derived model disagrees with the reference (tolerance {TOLERANCE})")
     model_file = f"segdepth_{size[0]}x{size[1]}.onnx"
     onnx.save(model, str(out / model_file))
-    write_data(out, size, n_cal, n_eval)
+    _load("make_data").write(out, n_cal, n_eval, size)
     write_configs(out, size, model_file)
     return out
 
