@@ -1,11 +1,14 @@
 """What one search trial costs: the simulator versus the float model and versus quantize_static.
 
     python benchmarks/trial_cost.py [--samples N] [--threads T] [--models segdepth,ppocr] [--repeat R]
+                                    [--size HxW]
 
 Not a test: it prints measurements (targets in brackets), on
 
 * ``segdepth``: the bundled example (``examples/segdepth/hb_config.yaml``; its data are written
-  by ``examples/segdepth/make_data.py`` when missing), evaluated on ``data/eval``;
+  by ``examples/segdepth/make_data.py`` when missing), evaluated on ``data/eval``; with ``--size 360x640``
+  the same network and weights at the users' resolution (``examples/segdepth/make_hires.py`` writes
+  the model, 8 calibration and 16 evaluation samples into ``data/360x640/`` when missing);
 * ``ppocr``: PP-OCRv4's text detector from ``rapidocr-onnxruntime`` on scikit-image photos,
   prepared as in ``tests/ppocr.py`` (calibration and evaluation on the same photos).
 
@@ -43,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from search import prepare_data  # benchmarks/search.py: writes the example's data when missing
+from search import prepare_data, prepare_hires  # benchmarks/search.py: write the example's data when missing
 
 REPO = Path(__file__).resolve().parents[1]
 SEGDEPTH = REPO / "examples" / "segdepth"
@@ -58,11 +61,14 @@ def _median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def prepare_segdepth() -> tuple[Path, Path | None] | None:
+def prepare_segdepth(size: str | None = None) -> tuple[Path, Path | None] | None:
     cfg = SEGDEPTH / "hb_config.yaml"
     if not cfg.is_file() or not (SEGDEPTH / "segdepth.onnx").is_file():
         print(f"segdepth: skipped ({cfg.relative_to(REPO)} or segdepth.onnx is missing)")
         return None
+    if size:
+        space = prepare_hires(size)
+        return space.parent / "hb_config.yaml", space.parent / "eval"
     prepare_data()
     return cfg, SEGDEPTH / "data" / "eval"
 
@@ -297,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="samples run at once, as Simulator(threads=) (default: all cores)")
     p.add_argument("--models", default="segdepth,ppocr", help="comma-separated: segdepth, ppocr")
     p.add_argument("--repeat", type=int, default=3, help="runs per timing, the median is shown (default: 3)")
+    p.add_argument("--size", default=None,
+                   help="segdepth at this HxW instead of 96x160 (360x640: the users' resolution; make_hires.py)")
     a = p.parse_args(argv)
     if a.samples is not None and a.samples < 1:
         p.error("--samples must be >= 1")
@@ -305,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TUNER_CACHE_DIR"] = str(Path(tmp) / "cache")
         for model in [m.strip() for m in a.models.split(",") if m.strip()]:
             if model == "segdepth":
-                prepared = prepare_segdepth()
+                prepared = prepare_segdepth(a.size)
+                if a.size:
+                    model = f"segdepth {a.size}"
             elif model == "ppocr":
                 prepared = prepare_ppocr(Path(tmp))
             else:

@@ -35,15 +35,16 @@ def _load_scenes():
 scenes = _load_scenes()
 
 
-def write(out: Path, n_cal: int, n_eval: int) -> None:
+def write(out: Path, n_cal: int, n_eval: int, size: tuple[int, int] = (scenes.H, scenes.W)) -> None:
+    """The files above; ``size`` = (rows, columns) of the scenes (make_hires.py writes 360x640)."""
     cal_dir, eval_dir, lab_dir = out / "cal", out / "eval", out / "labels"
     for d in (cal_dir, eval_dir, lab_dir):
         d.mkdir(parents=True, exist_ok=True)
     for i in range(n_cal):
-        x, _, _ = scenes.make_sample(i, "cal")
+        x, _, _ = scenes.make_sample(i, "cal", size=size)
         x[None].astype(np.float32).tofile(cal_dir / f"{i:04d}.bin")
     for i in range(n_eval):
-        x, seg, depth = scenes.make_sample(i, "eval")
+        x, seg, depth = scenes.make_sample(i, "eval", size=size)
         x[None].astype(np.float32).tofile(eval_dir / f"{i:04d}.bin")
         np.save(lab_dir / f"seg_{i:04d}.npy", seg.astype(np.int64))
         np.save(lab_dir / f"depth_{i:04d}.npy", depth.astype(np.float32))

@@ -37,8 +37,6 @@ CLASS_NAMES = ("sky", "ground", "vehicle", "pedestrian_pole")
 
 SKY, GROUND, VEHICLE, PEDPOLE = 0, 1, 2, 3
 
-_ROWS = np.arange(H, dtype=np.float64)[:, None] + 0.5  # pixel centres
-_COLS = np.arange(W, dtype=np.float64)[None, :] + 0.5
 
 
 def _rng(index: int, split: str) -> np.random.Generator:
@@ -65,13 +63,26 @@ def _block_noise(rng: np.random.Generator, h: int, w: int, cell: int) -> np.ndar
     return top * (1.0 - ar) + bot * ar
 
 
-def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def make_sample(index: int, split: str = "cal", size: tuple[int, int] = (H, W)
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One scene at ``size`` = (rows, columns); 96x160 by default.
+
+    Another size draws the same random numbers in the same order (only the per-pixel arrays
+    are larger) and scales every pixel quantity by ``s = rows / 96``: focal length, principal
+    point offset, horizon row, noise cells, radar misalignment; the number of radar returns
+    scales with the pixel count. At 96x160 every factor is exactly 1, so the bytes are those
+    of the original generator."""
+    h, w = size
+    s = h / H
+    px_err = max(1, int(round(s)))
+    rows = np.arange(h, dtype=np.float64)[:, None] + 0.5  # pixel centres
+    cols = np.arange(w, dtype=np.float64)[None, :] + 0.5
     rng = _rng(index, split)
 
     # ---- camera ---------------------------------------------------------
-    f = _u(rng, 100.0, 125.0)                # focal length, px
-    cx = W / 2 + _u(rng, -6.0, 6.0)
-    hz = _u(rng, 34.0, 48.0)                 # horizon row (pitch)
+    f = _u(rng, 100.0, 125.0) * s            # focal length, px
+    cx = w / 2 + _u(rng, -6.0, 6.0) * s
+    hz = _u(rng, 34.0, 48.0) * s             # horizon row (pitch)
     cam_h = _u(rng, 1.3, 1.8)                # camera height, m
 
     # ---- lighting -------------------------------------------------------
@@ -79,12 +90,12 @@ def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray,
     tint = np.array([_u(rng, 0.9, 1.1), _u(rng, 0.92, 1.08), _u(rng, 0.9, 1.1)])
     sky_kind = int(rng.integers(0, 3))       # 0 clear, 1 overcast, 2 dusk
 
-    img = np.zeros((3, H, W), dtype=np.float64)
-    seg = np.zeros((H, W), dtype=np.int64)
-    depth = np.full((H, W), MAX_DEPTH, dtype=np.float64)
+    img = np.zeros((3, h, w), dtype=np.float64)
+    seg = np.zeros((h, w), dtype=np.int64)
+    depth = np.full((h, w), MAX_DEPTH, dtype=np.float64)
 
     # ---- sky --------------------------------------------------------------
-    t = np.clip((hz - _ROWS) / max(hz, 1.0), 0.0, 1.0) * np.ones((1, W))  # 0 at horizon, 1 at top
+    t = np.clip((hz - rows) / max(hz, 1.0), 0.0, 1.0) * np.ones((1, w))  # 0 at horizon, 1 at top
     if sky_kind == 0:
         top, bot = np.array([0.25, 0.45, 0.85]), np.array([0.70, 0.82, 0.95])
     elif sky_kind == 1:
@@ -92,16 +103,16 @@ def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray,
         top, bot = np.array([g, g, g + 0.03]), np.array([g + 0.12, g + 0.12, g + 0.12])
     else:
         top, bot = np.array([0.30, 0.30, 0.55]), np.array([0.95, 0.60, 0.35])
-    clouds = _block_noise(rng, H, W, 16)
+    clouds = _block_noise(rng, h, w, int(round(16 * s)))
     for c in range(3):
         img[c] = bot[c] + (top[c] - bot[c]) * t + 0.06 * clouds
 
     # ---- ground plane -------------------------------------------------------
-    below = _ROWS > hz + 0.5
-    dv = np.maximum(_ROWS - hz, 1e-3)
-    z_ground = f * cam_h / dv                             # [H, 1]
-    z_ground_img = np.minimum(z_ground, MAX_DEPTH) * np.ones((1, W))
-    x_ground = (_COLS - cx) * z_ground / f                # lateral metres, [H, W]
+    below = rows > hz + 0.5
+    dv = np.maximum(rows - hz, 1e-3)
+    z_ground = f * cam_h / dv                             # [h, 1]
+    z_ground_img = np.minimum(z_ground, MAX_DEPTH) * np.ones((1, w))
+    x_ground = (cols - cx) * z_ground / f                # lateral metres, [h, w]
 
     road_w = _u(rng, 6.5, 12.0)
     road_off = _u(rng, -2.0, 2.0)
@@ -115,8 +126,8 @@ def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray,
 
     verge_kind = int(rng.integers(0, 2))  # 0 grass, 1 pavement
     asphalt = _u(rng, 0.25, 0.42)
-    tex_fine = rng.random((H, W)) * 2.0 - 1.0
-    tex_coarse = _block_noise(rng, H, W, 8)
+    tex_fine = rng.random((h, w)) * 2.0 - 1.0
+    tex_coarse = _block_noise(rng, h, w, int(round(8 * s)))
     verge = np.array([0.30, 0.48, 0.20]) if verge_kind == 0 else np.array([0.58, 0.55, 0.50])
     for c in range(3):
         gcol = np.where(on_road, asphalt + 0.03 * tex_coarse + 0.04 * tex_fine,
@@ -160,8 +171,8 @@ def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray,
         vt = vb - f * oh / z
         ul = cx + f * (lat - ow / 2) / z
         ur = cx + f * (lat + ow / 2) / z
-        r0, r1 = int(max(np.floor(vt), 0)), int(min(np.floor(vb), H))
-        c0, c1 = int(max(np.floor(ul), 0)), int(min(np.floor(ur) + 1, W))
+        r0, r1 = int(max(np.floor(vt), 0)), int(min(np.floor(vb), h))
+        c0, c1 = int(max(np.floor(ul), 0)), int(min(np.floor(ur) + 1, w))
         if r1 <= r0 or c1 <= c0:
             continue
         hh = r1 - r0
@@ -184,7 +195,7 @@ def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray,
             patch[1] = np.where(lights, 0.15 + 0.65 * (1 - sky_kind % 2), patch[1])
             patch[2] = np.where(lights, 0.1, patch[2])
             # shadow on the ground just below the car
-            s0, s1 = r1, min(r1 + max(1, int(np.floor(f * 0.4 / z))), H)
+            s0, s1 = r1, min(r1 + max(1, int(np.floor(f * 0.4 / z))), h)
             if s1 > s0:
                 img[:, s0:s1, c0:c1] *= 0.55
         elif kind >= 10:  # pedestrian: head, torso (clothes), legs
@@ -201,17 +212,17 @@ def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray,
     # ---- lighting and sensor noise --------------------------------------------
     for c in range(3):
         img[c] = img[c] * bright * tint[c]
-    img = img + 0.02 * (rng.random((3, H, W)) * 2.0 - 1.0)
+    img = img + 0.02 * (rng.random((3, h, w)) * 2.0 - 1.0)
     img = np.clip(img, 0.0, 1.0)
 
     # ---- radar ------------------------------------------------------------
-    rng_img = np.zeros((H, W), dtype=np.float64)
-    valid = np.zeros((H, W), dtype=np.float64)
+    rng_img = np.zeros((h, w), dtype=np.float64)
+    valid = np.zeros((h, w), dtype=np.float64)
     flat_seg = seg.reshape(-1)
     flat_depth = depth.reshape(-1)
     obj_idx = np.flatnonzero(flat_seg >= VEHICLE)
     gnd_idx = np.flatnonzero((flat_seg == GROUND) & (flat_depth < 60.0))
-    n_ret = int(rng.integers(200, 401))
+    n_ret = int(rng.integers(200, 401)) * (h * w) // (H * W)
     n_obj = int(n_ret * 0.65) if obj_idx.size else 0
     n_gnd = n_ret - n_obj if gnd_idx.size else 0
     picks = np.concatenate([
@@ -226,9 +237,9 @@ def make_sample(index: int, split: str = "cal") -> tuple[np.ndarray, np.ndarray,
         outlier = rng.random(picks.size) < 0.03                      # clutter
         meas = np.where(outlier, 2.0 + 78.0 * rng.random(picks.size), meas)
         meas = np.clip(meas, 0.5, MAX_DEPTH)
-        # small projection misalignment (+-1 px)
-        rr = np.clip(picks // W + rng.integers(-1, 2, picks.size), 0, H - 1)
-        cc = np.clip(picks % W + rng.integers(-1, 2, picks.size), 0, W - 1)
+        # small projection misalignment (+-1 px at 96 rows)
+        rr = np.clip(picks // w + px_err * rng.integers(-1, 2, picks.size), 0, h - 1)
+        cc = np.clip(picks % w + px_err * rng.integers(-1, 2, picks.size), 0, w - 1)
         rng_img[rr, cc] = meas     # last write wins, deterministic order
         valid[rr, cc] = 1.0
 
