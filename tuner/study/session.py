@@ -366,8 +366,9 @@ class StudySession:
     def result_files(self) -> ResultFiles:
         if self._results is None:
             v = self.validator
+            show = progress_printer("validation of the front")
             self._results = ResultFiles(self.paths, self.objectives, self.export,
-                                        None if v is None else (lambda study, rows: v.validate(study, rows)))
+                                        None if v is None else (lambda study, rows: v.validate(study, rows, show)))
         return self._results
 
     @property
