@@ -244,6 +244,8 @@ def test_a_worker_with_another_model_file_refuses_to_join(tmp_path):
                                   cwd=tmp_path / "b"))
     assert code == 0, err
     assert sum(t.state == TrialState.COMPLETE for t in trials_of("tiny", str(journal), tmp_path)) == 3
+    assert (tmp_path / "b" / "results" / "tiny" / "best_minimal.yaml").is_file()     # a worker writes it too
+    assert "best_minimal.yaml" in out and "one-line fixes" in out
 
 
 def test_a_candidate_another_worker_evaluated_is_answered_from_storage(tmp_path):

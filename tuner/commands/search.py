@@ -127,6 +127,7 @@ def worker(args: argparse.Namespace) -> int:
 
     from tuner.study.join import join_study
     from tuner.study.loop import STOP, duration, install_stop_handlers, work
+    from tuner.study.opening import AtFinish
     from tuner.study.storage import redact
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -142,7 +143,9 @@ def worker(args: argparse.Namespace) -> int:
     install_stop_handlers(_stop_message)
     work(search, study, n_trials, timeout)
     search.write_results(study, force=True)
+    AtFinish(search.write_minimal).finish(study)      # best_minimal.yaml, as the search's own process writes it
     print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
+    print_simplest(search)
     if STOP.is_set():
         print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
         return 130
