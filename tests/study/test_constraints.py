@@ -129,3 +129,23 @@ study:
     r = next(r for r in rows(study) if r.number == out["best"]["trial"])
     assert all(m.margin >= 0 for m in margins(r, o))
     assert Objectives.from_dict(study.user_attrs["tuner"]["objectives"]).references == o.references
+
+
+def test_a_bound_relative_to_a_float_value_of_zero_and_a_missing_validation_folder_are_refused(tmp_path,
+                                                                                             monkeypatch):
+    """Without labels, depth's AbsRel is measured against float's own output: 0 for float, so
+    '<= 1.02 x float' could never be met; the session says so before the sensitivity pass."""
+    import tuner.study.warmstart as warmstart
+
+    space = with_objectives(write_tiny_space(tmp_path), ["constraints: ['absrel:depth <= 1.02 x float']"])
+    with monkeypatch.context() as m:
+        m.setattr(warmstart, "leave_one_float", lambda *a, **k: pytest.fail("sensitivity ran before the check"))
+        with pytest.raises(TunerError, match="is 0 on the evaluation data"):
+            StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
+    r = cli("search", space, "--n-trials", 1, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "the float model's absrel:depth is 0" in r.stderr and not (tmp_path / "results" / "tiny" / "best.yaml").exists()
+    other = write_tiny_space(tmp_path / "v")
+    other.write_text("validation_data: nowhere\n" + other.read_text())
+    with pytest.raises(TunerError, match="validation_data: .* is not a folder"):
+        load_space(other)

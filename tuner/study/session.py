@@ -107,13 +107,15 @@ class StudySession:
                                  progress=None if quiet else progress_printer("calibration statistics"))
         base = ws.base_candidate()
         cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
+        # what relative constraints scale, measured before the sensitivity pass (a bound that means
+        # nothing is one line, not minutes later)
+        space.objective = with_references(space.objective, ws, cost)
         if sensitivity is None:
             sensitivity = {}
             if space.rule.top_k is not None or space.settings.warm_start:
                 sensitivity = node_sensitivity(space, ws, paths.sensitivity,
                                                None if quiet else progress_printer("node sensitivity"))
         resolved = resolve(space, ws.graph, ws.target, base, sensitivity)
-        space.objective = with_references(space.objective, ws, cost)
         n_eval, least = len(ws.eval_data), space.settings.min_eval_samples
         if n_eval < least:
             ws.warnings.append(
