@@ -34,7 +34,7 @@ reference checks the bundled model against its torch parity figures (see README)
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -49,10 +49,10 @@ MAX_RANGE = 80.0
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"segdepth_{name}", HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """A sibling script of this folder as a module (the example is no package)."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    return importlib.import_module(name)
 
 
 def parse_size(text: str) -> tuple[int, int]:
