@@ -123,6 +123,8 @@ class Simulator:
         self.external = ExternalWeights()
         self._build_memo: dict[Any, Any] = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
         self._sessions: OrderedDict[tuple[Any, ...], ort.InferenceSession] = OrderedDict()
+        # the float model with every node's output, by (tensors, softmax expanded): one at a time
+        self._float_node_sessions: dict[tuple[tuple[str, ...], bool], ort.InferenceSession] = {}
         self._session_cache = session_cache
         self.calibration_data = calibration_data
         # (samples, float outputs) of the method searches
@@ -325,14 +327,15 @@ class Simulator:
             refs = run_samples(float_nodes, extra, self.data, self.threads)
         for i, outs in enumerate(run_samples(session, sim_names, self.data, self.threads)):
             values = dict(zip(sim_names, outs))
+            # per_sample: each sample's own sums, merged into the pooled ones (one pass over the arrays)
+            one = {o: Similarity() for o in outputs} if per_sample else sims
             for o in outputs:
-                sims[o].update(self.reference[i][o], values[o], self._ref_sq[i][o])
+                one[o].update(self.reference[i][o], values[o], self._ref_sq[i][o])
+                if per_sample:
+                    sims[o].merge(one[o])
                 if not sims[o].finite:
                     raise FloatingPointError(f"the simulated model produced non-finite values at output {o!r}")
             if per_sample:
-                one = {o: Similarity() for o in outputs}
-                for o in outputs:
-                    one[o].update(self.reference[i][o], values[o], self._ref_sq[i][o])
                 samples.append({o: s.as_dict() for o, s in one.items()})
             if task is not None:
                 task.update(self.reference[i], {o: values[o] for o in outputs}, self._label(i))
@@ -350,7 +353,7 @@ class Simulator:
     def _float_nodes(self, extra: tuple[str, ...], softmax: bool) -> ort.InferenceSession:
         """The float model with every node's output, for per-node rows: built once per set of
         tensors (the report's two traces and the log comparisons ask for the same set)."""
-        cache = self.__dict__.setdefault("_float_node_sessions", {})
+        cache = self._float_node_sessions
         key = (extra, softmax)
         if key not in cache:
             cache.clear()      # one at a time: a session with every output is the model's size again
