@@ -99,13 +99,20 @@ class Workspace:
     @property
     def simulator(self) -> Simulator:
         if self._simulator is None:
-            self._simulator = Simulator(self.model, self.target, self.stats, self.eval_data, self.threads,
-                                        thresholds=self.thresholds, task_metrics=self.task_metrics,
-                                        labels=self.labels, user_base=self.user_base,
-                                        calibration_data=self.calibration_data)
-            if self.real_thresholds is not None:
-                self._simulator.use_thresholds(self.real_thresholds, self.real_honour_qtypes)
+            self._simulator = self.simulator_on(self.eval_data, with_task=True)
         return self._simulator
+
+    def simulator_on(self, data: DataSet, with_task: bool = False) -> Simulator:
+        """A simulator of this workspace's model over ``data``: the same statistics, thresholds,
+        calibration data and real thresholds; task metrics and labels only ``with_task`` (the
+        evaluation data's; other samples have no labels)."""
+        sim = Simulator(self.model, self.target, self.stats, data, self.threads, thresholds=self.thresholds,
+                        task_metrics=self.task_metrics if with_task else None,
+                        labels=self.labels if with_task else None, user_base=self.user_base if with_task else None,
+                        calibration_data=self.calibration_data)
+        if self.real_thresholds is not None:
+            sim.use_thresholds(self.real_thresholds, self.real_honour_qtypes)
+        return sim
 
     def base_candidate(self) -> Candidate:
         return Candidate.from_config(self.config, node_info_supported=self.node_info_supported)

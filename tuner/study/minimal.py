@@ -101,7 +101,7 @@ class MinimalFix:
         removed = "; ".join(c.describe() for c in t.removed) or "none"
         export_trial(row, self.s.paths.best_minimal, self.s.space.base, self.s.ws.node_info_supported,
                      set(self.s.ws.graph.by_name), {"study": self.s.name, **self.s.fingerprints()},
-                     extra_header=[f"# trimmed: keeps {len(t.kept)} of trial {t.trial}'s {t.decisions} decision(s) "
-                                   f"away from the base YAML ({t.criterion}); kept: {kept}",
-                                   f"# removed (not needed for the criterion): {removed}"])
+                     comments=(f"trimmed: keeps {len(t.kept)} of trial {t.trial}'s {t.decisions} decision(s) "
+                               f"away from the base YAML ({t.criterion}); kept: {kept}",
+                               f"removed (not needed for the criterion): {removed}"))
         return found

@@ -61,11 +61,10 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
 
 
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
-                 node_names: set[str] | None, provenance: dict[str, str], comments: tuple[str, ...] = (),
-                 extra_header: list[str] | tuple[str, ...] = ()) -> list[str]:
+                 node_names: set[str] | None, provenance: dict[str, str], comments: tuple[str, ...] = ()) -> list[str]:
     """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
-    go into the header after the figures (closest.yaml says what it misses); ``extra_header``:
-    whole comment lines after them (best_minimal.yaml says what it kept)."""
+    go into the header after the figures (closest.yaml says what it misses, best_minimal.yaml
+    what it kept)."""
     if not base_path.is_file():
         raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
     base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
@@ -78,7 +77,6 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
               f"{rec.counts.subgraphs} BPU subgraph(s), {rec.counts.cpu_nodes} CPU node(s), "
               f"{rec.counts.int16_nodes} int16 node(s); calibration {rec.calibration.method}"]
     header += [f"# {c}" for c in comments]
-    header += list(extra_header)
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
     write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
@@ -147,7 +145,6 @@ class ResultFiles:
         at the end (``finish``) the front and the best are validated and best.yaml is chosen by
         :func:`tuner.study.validation.choose_best`."""
         self.paths, self.objectives, self.export, self.validate = paths, objectives, export, validate
-        self.mode, self.min_accuracy = objectives.mode, objectives.min_accuracy
         self.vals: dict[int, Validation] = {}
         self.chosen_by = "eval"
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
@@ -197,7 +194,7 @@ class ResultFiles:
             return self._last_best
         rows = results.rows(study, self.objectives)
         front = results.pareto(rows)
-        best = results.best(rows, self.mode, self.objectives.floor)
+        best = results.best(rows, self.objectives.mode, self.objectives.floor)
         comments: tuple[str, ...] = ()
         if force and self.validate is not None and front:
             self.vals = self.validate(study, list({r.number: r for r in front + ([best] if best else [])}.values()))

@@ -347,14 +347,7 @@ class Objectives:
                     metrics: Mapping[str, float] | None = None) -> dict[str, float]:
         """Optuna constraints (feasible when every value is <= 0); empty without any. ``metrics``:
         the trial's values of :attr:`metric_names_needed` (one missing: that constraint is not met)."""
-        out = {}
-        if self.min_accuracy is not None:
-            out["min_accuracy"] = float(self.min_accuracy) - accuracy
-        if self.max_latency_ms is not None:
-            out["max_latency_ms"] = latency_ms - float(self.max_latency_ms)
-        for m in self.margins(accuracy, latency_ms, metrics)[len(out):]:
-            out[m.name] = -m.margin
-        return out
+        return {m.name: -m.margin for m in self.margins(accuracy, latency_ms, metrics)}
 
 
 #: The study user attribute holding :meth:`StudyInfo.to_json`.

@@ -145,18 +145,12 @@ def closest(rs: list[Row], objectives: Objectives) -> Closest | None:
     cands = [r for r in rs if not r.duplicate]
     if not cands or any(r.feasible for r in cands):
         return None
-    bounds = {"min_accuracy": objectives.min_accuracy, "max_latency_ms": objectives.max_latency_ms}
-
-    def gaps(r: Row) -> dict[str, float]:
-        values = objectives.constraints(r.accuracy, r.latency_ms, r.trial_record.metrics(objectives.metric_names_needed))
-        return {k: max(0.0, v) for k, v in values.items()}
 
     def score(r: Row) -> tuple[float, float, int]:
-        rel = sum(g / max(abs(float(bounds.get(k) or 1.0)), 1e-12) for k, g in gaps(r).items())
-        return rel, -r.accuracy, r.number
+        return sum(-m.relative for m in margins(r, objectives) if m.margin < 0), -r.accuracy, r.number
 
     r = min(cands, key=score)
-    return Closest(row=r, gaps=gaps(r))
+    return Closest(row=r, gaps={m.name: max(0.0, -m.margin) for m in margins(r, objectives)})
 
 
 def next_steps(found: Closest, study_name: str) -> list[str]:

@@ -101,11 +101,7 @@ class Validator:
     @property
     def simulator(self) -> Simulator:
         if self._sim is None:
-            ws = self.ws
-            self._sim = Simulator(ws.model, ws.target, ws.stats, self.data, ws.threads, thresholds=ws.thresholds,
-                                  calibration_data=ws.calibration_data)
-            if ws.real_thresholds is not None:
-                self._sim.use_thresholds(ws.real_thresholds, ws.real_honour_qtypes)
+            self._sim = self.ws.simulator_on(self.data)
         return self._sim
 
     def score(self, row: results.Row) -> Validation:

@@ -70,7 +70,7 @@ def log_figures(sim: Simulator, candidate: Candidate) -> LogFigures:
         samples += 1
     figures = {t: HbDistances.from_similarity(s) for t, s in acc.items() if s.count}
     nodes = {n.name: figures[n.outputs[0]] for n in sim.graph if n.outputs and n.outputs[0] in figures}
-    producers = {o: n.name for n in sim.graph for o in n.outputs if o in outputs}
+    producers = {o: sim.graph.producer[o].name for o in outputs if o in sim.graph.producer}
     return LogFigures(evaluation=ev, nodes=nodes, outputs={o: figures[o] for o in outputs if o in figures},
                       samples=samples, producers=producers)
 

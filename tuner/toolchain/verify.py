@@ -192,8 +192,7 @@ class StudyContext:
     def producers(self) -> dict[str, str]:
         """Model output -> the node computing it, in the graph hb_mapper converts."""
         ws = self.workspace()
-        outputs = set(ws.model.output_names)
-        return {o: n.name for n in ws.graph for o in n.outputs if o in outputs}
+        return {o: ws.graph.producer[o].name for o in ws.model.output_names if o in ws.graph.producer}
 
     def compare(self, row: results.Row, log: HbLog) -> Comparison:
 
