@@ -111,7 +111,7 @@ def search(args: argparse.Namespace) -> int:
     if info["zombies"]:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
-    print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
+    print_summary(study, search.paths)
     print_simplest(search)
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
@@ -144,7 +144,7 @@ def worker(args: argparse.Namespace) -> int:
     work(search, study, n_trials, timeout)
     search.write_results(study, force=True)
     AtFinish(search.write_minimal).finish(study)      # best_minimal.yaml, as the search's own process writes it
-    print_summary(study, search.paths, search.mode, search.space.objective.min_accuracy)
+    print_summary(study, search.paths)
     print_simplest(search)
     if STOP.is_set():
         print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
@@ -170,62 +170,45 @@ def _data_ok(space_path: str) -> bool:
     return True
 
 
-def _print_infeasible(study: Any, rs: list[Any]) -> None:
-    """No trial meets the constraints: the closest one, the front of all trials, next steps."""
+def print_summary(study: Any, paths: Any) -> None:
+    """Trial counts, the Pareto front (the best marked), the best's constraints, what nothing
+    feasible leaves, and where the results are: :func:`tuner.study.status.study_status` rendered."""
     from tuner.console import table
-    from tuner.study.results import closest, front_of_all, next_steps, study_objectives
+    from tuner.study.results import front_table, latency_ratio, margins
+    from tuner.study.status import study_status
 
-    objectives = study_objectives(study)
-    found = closest(rs, objectives) if objectives is not None else None
-    print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
-    if found is None:
-        return
-    print(f"closest: {found.text()}  -> closest.yaml")
-    print("\nPareto front of all trials (none feasible):")
-    print(table(["trial", "accuracy", "latency ms", "CPU", "int16", "calibration"],
-                [[("*" if r.number == found.row.number else " ") + str(r.number), f"{r.accuracy:.6f}",
-                  f"{r.latency_ms:.3f}", str(r.counts.cpu_nodes), str(r.counts.int16_nodes), r.calibration]
-                 for r in front_of_all(rs)]))
-    print("\nnext steps:")
-    for step in next_steps(found, study.study_name):
-        print(f"  - {step}")
-
-
-def print_summary(study: Any, paths: Any, mode: str, min_accuracy: float | None) -> None:
-    """Trial counts, the Pareto front (the best marked) and where the results are."""
-    from optuna.trial import TrialState
-
-    from tuner.console import table
-    from tuner.study.results import best, front_table, latency_ratio, margins, pareto, rows, study_objectives
-    from tuner.study.validation import choose_best, stored
-
-    rs = rows(study)
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    n_fail = sum(s == TrialState.FAIL for s in states)
-    print(f"\n{len(rs)} completed trial(s), {n_fail} failed, {sum(s == TrialState.RUNNING for s in states)} running")
-    front = pareto(rs)
-    objectives = study_objectives(study)
-    vals = stored(study)
-    if front:
-        b, chosen_by = (choose_best(rs, vals, objectives) if objectives is not None
-                        else (best(rs, mode, min_accuracy), "eval"))
+    st = study_status(study, paths)
+    o, b, vals = st.info.objectives, st.best, st.validations
+    print(f"\n{st.completed} completed trial(s), {st.failed} failed, {st.running} running")
+    if st.front:
         print("\nPareto front (accuracy up, modeled latency down):")
-        print(table(*front_table(front, b, vals, objectives)))
-        if b is not None and objectives is not None:
-            ms = margins(b, objectives)
-            ratio = latency_ratio(b, objectives)
+        print(table(*front_table(st.front, b, vals, o)))
+        if b is not None:
+            ms = margins(b, o)
+            ratio = latency_ratio(b, o)
             if ms or ratio is not None:
                 print(f"\nbest (trial {b.number})" + (f": {ratio:.2f}x the all-int8 plan's modeled latency"
                                                      if ratio is not None else "") + (":" if ms else ""))
                 bind = min(ms, key=lambda m: m.relative) if ms else None
                 for m in ms:
                     print(f"  {m.text()}" + ("   <- binds" if m is bind and len(ms) > 1 else ""))
-        if vals and b is not None:
-            v = next(iter(vals.values()))
-            print(f"validation: {v.samples} sample(s) the search did not select on ({v.metric}); best (*) chosen "
-                  f"by the {chosen_by} figure" + (" (objectives.select)" if objectives and objectives.select else ""))
-    elif rs:
-        _print_infeasible(study, rs)
+            if vals:
+                v = next(iter(vals.values()))
+                print(f"validation: {v.samples} sample(s) the search did not select on ({v.metric}); best (*) "
+                      f"chosen by the {st.chosen_by} figure" + (" (objectives.select)" if o.select else ""))
+    elif st.completed:
+        print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
+        found = st.closest
+        if found is not None:
+            print(f"closest: {found.text()}  -> closest.yaml")
+            print("\nPareto front of all trials (none feasible):")
+            print(table(["trial", "accuracy", "latency ms", "CPU", "int16", "calibration"],
+                        [[("*" if r.number == found.row.number else " ") + str(r.number), f"{r.accuracy:.6f}",
+                          f"{r.latency_ms:.3f}", str(r.counts.cpu_nodes), str(r.counts.int16_nodes), r.calibration]
+                         for r in st.front_of_all]))
+            print("\nnext steps:")
+            for step in st.next_steps:
+                print(f"  - {step}")
     if paths.best.exists():
         print(f"\nbest: {paths.best}   Pareto configs: {paths.pareto}/   trials: {paths.trials_csv}")
     elif paths.closest.exists():
@@ -284,7 +267,7 @@ def status(args: argparse.Namespace) -> int:
         return 0
     info = study_info(study)
     print(f"study {study.study_name}: mode {info.mode}, march {info.march}, base {info.base_path}")
-    print_summary(study, paths, info.mode, info.objectives.min_accuracy)
+    print_summary(study, paths)
     real = real_summary(study)
     if real:
         print(f"\n{real}")

@@ -47,6 +47,7 @@ class StudyStatus:
     verified: dict[int, dict[str, Any]] = field(default_factory=dict)   # trial -> real-toolchain summary
     validations: dict[int, Validation] = field(default_factory=dict)   # trial -> its re-scoring
     chosen_by: str = "eval"                                            # the figure best was chosen by
+    front_of_all: list[results.Row] = field(default_factory=list)      # with nothing feasible: all trials' front
 
     def _row(self, r: results.Row) -> dict[str, Any]:
         v = self.validations.get(r.number)
@@ -90,4 +91,5 @@ def study_status(study: optuna.Study, paths: StudyPaths) -> StudyStatus:
         running=sum(s == TrialState.RUNNING for s in states),
         best=chosen, chosen_by=chosen_by, validations=vals, front=results.pareto(rs), closest=found,
         next_steps=results.next_steps(found, study.study_name) if found is not None else [], files=files,
+        front_of_all=results.front_of_all(rs) if found is not None else [],
         verified={n: rec.summary() for n, rec in real_records(study).items()})

@@ -116,12 +116,9 @@ class Validator:
                  progress: Callable[[int, int], None] | None = None) -> dict[int, Validation]:
         """Validations of ``rows`` (stored ones reused), each new one stored on the study."""
         have = stored(study)
-        out = {}
-        todo = [r for r in rows if not (r.number in have and have[r.number].key == r.trial_record.key
-                                        and have[r.number].data == self.fingerprint)]
-        for r in rows:
-            if r not in todo:
-                out[r.number] = have[r.number]
+        out = {r.number: have[r.number] for r in rows
+               if r.number in have and have[r.number].key == r.trial_record.key and have[r.number].data == self.fingerprint}
+        todo = [r for r in rows if r.number not in out]
         for i, r in enumerate(todo):
             v = self.score(r)
             study.set_user_attr(f"{PREFIX}{r.number}", v.to_json())
