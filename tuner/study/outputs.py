@@ -44,9 +44,10 @@ class Output(Protocol):
 
 
 def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: dict[str, float] | None = None,
-             traces: Callable[[list[results.Row]], list[Trace]] | None = None,
+             traces: Callable[[list[results.Row], results.Row | None], list[Trace]] | None = None,
              notes: list[str] | tuple[str, ...] = ()) -> ReportSnapshot:
-    """The report's view of ``study``; ``traces`` (given the rows) when a simulator is at hand."""
+    """The report's view of ``study``; ``traces`` (given the rows and best.yaml's trial) when a
+    simulator is at hand."""
     rs = results.rows(study)
     info = study_info(study)
     vals = stored(study)
@@ -54,7 +55,7 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
     return ReportSnapshot(name=study.study_name, info=info, storage=storage,
                           directions=[direction_name(d) for d in study.directions],
                           trials=study.get_trials(deepcopy=False), rows=rs, real=real_records(study),
-                          sensitivity=dict(sensitivity or {}), traces=traces(rs) if traces is not None and rs else [],
+                          sensitivity=dict(sensitivity or {}), traces=traces(rs, chosen) if traces is not None and rs else [],
                           best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
                           notes=list(notes), validations=vals,
                           best_number=None if chosen is None else chosen.number)

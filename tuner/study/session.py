@@ -412,17 +412,19 @@ class StudySession:
         simulator when not cached; else (mid-run, the trial loop is using the simulator) only
         the traces already cached, and the page says where the others are drawn."""
         snap = snapshot(study, self.paths, self._where(), self.sensitivity,
-                        self.traces if full else (lambda rs: self.traces(rs, evaluate=False)))
+                        lambda rs, best: self.traces(rs, evaluate=full, best=best))
         if not full and snap.rows and len(snap.traces) < len(self._trace_candidates(snap.rows)):
             snap.notes.append("the per-node error along the graph is drawn at the end of the search and by "
                               f"'tuner report {self.name}' (it needs the simulator, which the search is using)")
         snap.simplest = self.last_simplest
         return snap
 
-    def _trace_candidates(self, rs: list[results.Row]) -> list[tuple[str, int | None, Candidate]]:
-        """(label, trial, candidate) of the per-node traces: the exported trial and the all-int8 baseline."""
+    def _trace_candidates(self, rs: list[results.Row],
+                          best: results.Row | None = None) -> list[tuple[str, int | None, Candidate]]:
+        """(label, trial, candidate) of the per-node traces: the exported trial (``best``, default the
+        best by the eval figure) and the all-int8 baseline."""
         want: list[tuple[str, int | None, Candidate]] = []
-        best = results.best(rs, self.mode, self.objectives.floor)
+        best = best if best is not None else results.best(rs, self.mode, self.objectives.floor)
         if best is not None:
             want.append((f"trial {best.number} (exported)", best.number, best.trial_record.candidate))
         base = [r for r in rs if r.plan and r.plan.startswith("baseline")]
@@ -436,12 +438,13 @@ class StudySession:
             want.append(("all-BPU int8 baseline", None, ref))
         return want
 
-    def traces(self, rs: list[results.Row], evaluate: bool = True) -> list[Trace]:
-        """Per-node cosine along the graph for the exported trial and the all-int8 baseline
-        (two evaluations with every node's output; cached by candidate, so a rewrite that
-        does not change the best costs nothing). ``evaluate=False``: only the cached ones."""
+    def traces(self, rs: list[results.Row], evaluate: bool = True, best: results.Row | None = None) -> list[Trace]:
+        """Per-node cosine along the graph for the exported trial (``best``: best.yaml's, when the
+        caller knows it) and the all-int8 baseline (two evaluations with every node's output; cached
+        by candidate, so a rewrite that does not change the best costs nothing). ``evaluate=False``:
+        only the cached ones."""
         out = []
-        for label, number, cand in self._trace_candidates(rs):
+        for label, number, cand in self._trace_candidates(rs, best):
             key = cand.key()
             if key not in self._traces:
                 if not evaluate:
