@@ -210,3 +210,10 @@ def test_a_pre_1_24_output_table_is_paired_with_the_model_outputs_by_their_nodes
     assert comp["summary"]["output_cosine_gap"] == pytest.approx(0.0, abs=2e-6)
     r = cli("import-log", log, "--config", cfg, cwd=cfg.parent)
     assert r.returncode == 0 and "seg (log: /head/seg/Conv)" in r.stdout
+
+
+def test_a_pre_1_24_log_alone_says_its_output_table_names_nodes(tmp_path):
+    log = Path(__file__).with_name("real_logs") / "12_user_wuchao_yolov8_ultra_1.18.2.log"
+    r = cli("import-log", log, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Node (of the output)" in r.stdout and "/model.22/Sigmoid " in r.stdout

@@ -29,7 +29,8 @@ def log_text(log: Any) -> str:
     for w in log.warnings:
         lines.append(f"warning: {w}")
     if log.outputs:
-        lines += ["", table(["Output", "Cosine Similarity", "L1", "L2", "Chebyshev"],
+        first = "Node (of the output)" if log.outputs_by == "node" else "Output"    # before 1.24 the table names nodes
+        lines += ["", table([first, "Cosine Similarity", "L1", "L2", "Chebyshev"],
                             [[o.name] + ["--" if v is None else f"{v:.6f}" for v in (o.cosine, o.l1, o.l2, o.chebyshev)]
                              for o in log.outputs])]
     return "\n".join(lines)
