@@ -156,6 +156,25 @@ def test_import_calibrated_table_differences_and_pc_check(project, tmp_path, cap
     assert 0.9 < pc.mean_cosine < 1.0
 
 
+def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, tmp_path, capsys):
+    """Same tensor names, other channel counts (e.g. the calibrated model of another model size):
+    exit 2 naming the node, before the simulation or the PC check would fail on the shapes."""
+    cfg, ws, _, scales = project
+    for node, keep in (("/stem/relu_out_/res/Conv_HzCalibration", 4), ("/res/Conv.w_/res/Conv_HzCalibration", 5)):
+        m = mixed_model(ws, scales)
+        attr = next(a for n in m.graph.node if n.name == node for a in n.attribute if a.name == "thresholds")
+        vals = list(attr.floats)[:keep]
+        del attr.floats[:]
+        attr.floats.extend(vals)
+        path = tmp_path / "other_calibrated_model.onnx"
+        onnx.save(m, str(path))
+        for argv in (["eval", str(cfg), "--no-nodes", "--thresholds", str(path)], ["import-calibrated", str(path),
+                                                                                     str(cfg)]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert node in err and f"{keep} per-channel thresholds" in err and "Traceback" not in err
+
+
 def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
     """The runnable model computes exactly facts 4.2's fake quantization, checked with numpy."""
     _, ws, _, scales = project
