@@ -245,6 +245,21 @@ def running_max_thresholds(model, data, tensors, p):
     return {t: float(np.quantile(m.ravel(), q)) for t, m in running.items()}, q, n
 
 
+def pooled_thresholds(model, data, tensors, p):
+    """The pooled reading computed directly: the p-quantile of |x| over every value of every sample."""
+    from tuner.runtime.session import make_session, run_samples, with_outputs
+
+    session = make_session(with_outputs(model.proto, tensors))
+    names = [o.name for o in session.get_outputs() if o.name in set(tensors)]
+    pooled: dict[str, list] = {}
+    for sample, outs in run_samples(session, names, data, None, with_inputs=True):
+        values = dict(zip(names, outs))
+        values.update({k: v for k, v in sample.items() if k in set(tensors)})
+        for t, v in values.items():
+            pooled.setdefault(t, []).append(np.abs(np.asarray(v, np.float32)).ravel())
+    return {t: float(np.quantile(np.concatenate(v), p)) for t, v in pooled.items()}
+
+
 def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     """Thresholds made with the running-max reading are recognised as such, per tensor and overall."""
 
@@ -261,8 +276,18 @@ def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     p = report.percentile
     assert p is not None and p.kernel_percentile == pytest.approx(0.992)
     assert p.verdict == "running_max" and p.running_max_wins > p.pooled_wins
+    # the table's max-percentile method is the one tuner simulates (tuner's own threshold for this YAML)
+    for r in report.rows:
+        assert r.methods["max-percentile 0.999"] == pytest.approx(r.tuner, rel=1e-9), r.tensor
     assert main(["import-calibrated", str(path), str(cfg)]) == 0
-    assert "running-max p'-quantile" in capsys.readouterr().out
+    assert "the thresholds support the running-max p'-quantile" in capsys.readouterr().out
+    # thresholds made with the other reading are recognised as that one
+    pooled = pooled_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
+    onnx.save(calibrate(build_tiny_model(), {t: {"thresholds": [pooled[t]]} for t in tensors}), str(path))
+    p = build_report(ws, read_calibrated(path), run_pc=False).percentile
+    assert p is not None and p.verdict == "pooled" and p.pooled_wins > p.running_max_wins
+    assert main(["import-calibrated", str(path), str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["percentile"]["verdict"] == "pooled"
 
 
 def test_search_space_thresholds_key(tmp_path, project):
