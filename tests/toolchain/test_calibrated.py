@@ -156,6 +156,24 @@ def test_import_calibrated_table_differences_and_pc_check(project, tmp_path, cap
     assert 0.9 < pc.mean_cosine < 1.0
 
 
+def test_plan_differences_where_hb_quantizes_what_tuner_does_not(project, tmp_path):
+    """A tensor tuner leaves float (the residual Add before its fused Relu) and a weight tuner does not
+    quantize (the constant of the Mul tuner lowers to a 1x1 Conv) both calibrated by hb_mapper."""
+    cfg, ws, plan, scales = project
+    assert "/res/add_out" not in plan.quantized_tensors() and "/head/depth/Mul" not in plan.weights
+    m = calibrate(build_tiny_model(), {"x": {"thresholds": [50.0]}, "/res/add_out": {"thresholds": [30.0]}},
+                  weights={("/head/depth/mul_k", "/head/depth/Mul"): {"thresholds": [2.0]}})
+    report = build_report(ws, parse_calibrated(m, tmp_path / "m.onnx"), run_pc=False, reading=False)
+    diff = {x.tensor: x for x in report.differences}
+    assert (diff["/res/add_out"].real, diff["/res/add_out"].tuner) == ("int8", "float")
+    assert diff["/res/add_out"].what == "hb_mapper quantizes it; tuner does not"
+    w = diff["/head/depth/mul_k (/head/depth/Mul)"]
+    assert (w.real, w.tuner) == ("int8", "float") and "tuner keeps it float" in w.what
+    assert "x" not in diff                                          # the same on both sides
+    text = report.text()
+    assert "hb_mapper quantizes it; tuner does not" in text
+
+
 def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, tmp_path, capsys):
     """Same tensor names, other channel counts (e.g. the calibrated model of another model size):
     exit 2 naming the node, before the simulation or the PC check would fail on the shapes."""
@@ -175,12 +193,38 @@ def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, 
             assert node in err and f"{keep} per-channel thresholds" in err and "Traceback" not in err
 
 
+def test_calibrated_model_of_another_model_and_missing_files_exit_2(project, tmp_path, capsys):
+    cfg, *_ = project
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 16, 16])
+    w = onnx.numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "conv.weight")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "conv.weight"], ["conv_out"], name="conv"),
+                           helper.make_node("Relu", ["conv_out"], ["out"], name="relu")], "other", [x], [y], [w])
+    other = calibrate(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+                      {"x": {"thresholds": [3.0]}, "conv_out": {"thresholds": [2.0]}})
+    path = tmp_path / "other_calibrated_model.onnx"
+    onnx.save(other, str(path))
+    for argv in (["import-calibrated", str(path), str(cfg)], ["eval", str(cfg), "--thresholds", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "conv_out_HzCalibration" in err and "calibrated model of this YAML's onnx_model" in err
+    missing = tmp_path / "nowhere_calibrated_model.onnx"
+    for argv in (["import-calibrated", str(missing), str(cfg)], ["eval", str(cfg), "--thresholds", str(missing)]):
+        assert main(argv) == 2
+        assert "no such file" in capsys.readouterr().err
+    assert main(["import-calibrated", str(path), str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml" in capsys.readouterr().err
+    assert main(["import-calibrated", str(path), str(cfg), "--march", "nonsense"]) == 2
+    assert "march 'nonsense'" in capsys.readouterr().err
+
+
 def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
     """The runnable model computes exactly facts 4.2's fake quantization, checked with numpy."""
     _, ws, _, scales = project
     cal = parse_calibrated(mixed_model(ws, scales), tmp_path / "m.onnx")
     exposed = ["/stem/relu_out_/res/Conv_HzCalibration_out", "/stem/relu_out", "/gate/Conv_out",
-               "/gate/Conv_out_HzCalibration_out", "/gate/sig_out", "/gate/sig_out_HzCalibration_out"]
+               "/gate/Conv_out_HzCalibration_out", "/gate/sig_out", "/gate/sig_out_HzCalibration_out",
+               "/stem/relu_out_HzCalibration_out"]
     for fused in (False, True):
         m = runnable_model(cal, fused=fused)
         if fused and not any(n.op_type == "FakeQuant" for n in m.graph.node):
@@ -201,6 +245,9 @@ def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
         np.testing.assert_allclose(vals[exposed[3]], np.clip(np.round(vals["/gate/Conv_out"] / s16), -32768, 32767)
                                    * s16, rtol=1e-6, atol=1e-9)
         np.testing.assert_array_equal(vals[exposed[5]], vals["/gate/sig_out"])    # switch OFF
+        s8 = np.float32(by["/stem/relu_out_HzCalibration"].thresholds[0] / 255)   # uint8: [0, 255], zero point 0
+        np.testing.assert_allclose(vals[exposed[6]], np.clip(np.round(vals["/stem/relu_out"] / s8), 0, 255) * s8,
+                                   rtol=1e-6, atol=1e-7)
 
 
 def test_fused_activation_stand_ins_and_unknown_horizon_op(tmp_path):
@@ -308,3 +355,30 @@ def test_search_space_thresholds_key(tmp_path, project):
     space_path.write_text(text + "thresholds: missing.onnx\n")
     with pytest.raises(TunerError, match="thresholds: 'missing.onnx' not found"):
         load_space(space_path)
+
+
+def test_a_search_with_the_thresholds_key_simulates_every_trial_with_the_real_thresholds(tmp_path, project):
+    """A real (small) search: every trial is simulated with hb_mapper's thresholds, so the all-int8
+    baseline trial scores what the space's workspace scores with them, not tuner's own max."""
+    import csv
+
+    from helpers import write_tiny_space
+
+    from tuner.study.space import load_space
+
+    _, ws, _, scales = project
+    space_path = write_tiny_space(tmp_path)
+    onnx.save(mixed_model(ws, scales), str(tmp_path / "tiny_calibrated_model.onnx"))
+    space_path.write_text(space_path.read_text() + "thresholds: tiny_calibrated_model.onnx\n")
+    results = tmp_path / "results"
+    assert main(["search", str(space_path), "--n-trials", "4", "--threads", "1", "--results-dir", str(results)]) == 0
+    with open(results / "tiny" / "trials.csv") as f:
+        trials = list(csv.DictReader(f))
+    assert len(trials) >= 4 and all(t["calibration"].startswith("real thresholds") for t in trials)
+    sws = Workspace.for_space(load_space(space_path))
+    base = sws.base_candidate()
+    real = sws.simulator.evaluate(base, per_node=False).mean_cosine
+    own = Workspace.open(load_space(space_path).base).simulator.evaluate(base, per_node=False).mean_cosine
+    first = next(t for t in trials if t["plan"] == "baseline: all-BPU int8, max")
+    assert float(first["accuracy"]) == pytest.approx(real, abs=1e-6) and abs(real - own) > 1e-5
+    assert "real thresholds" in (results / "tiny" / "best.yaml").read_text()
