@@ -250,6 +250,33 @@ def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
                                    rtol=1e-6, atol=1e-7)
 
 
+def test_asymmetric_uint8_float16_and_tensor_valued_thresholds(tmp_path):
+    """hb_quantizer_facts 4.1-4.2 forms the tiny model does not hold: uint8 [min, max] (zero point from
+    min), a float16 node (a round trip through float16), thresholds written as a tensor attribute."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3]) for n in ("a", "h", "t")]
+    nodes = [helper.make_node("HzCalibration", ["x"], ["a"], name="a_HzCalibration", domain="horizon",
+                              thresholds=[-2.0, 6.0], qtype="uint8", quant_attrs=7),
+             helper.make_node("HzCalibration", ["x"], ["h"], name="h_HzCalibration", domain="horizon",
+                              thresholds=[1.0], qtype="float16"),
+             helper.make_node("HzCalibration", ["x"], ["t"], name="t_HzCalibration", domain="horizon",
+                              thresholds=onnx.numpy_helper.from_array(np.array([4.0], np.float32)), qtype="INT8")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], outs),
+                          opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("horizon", 1)])
+    cal = parse_calibrated(m, tmp_path / "a.onnx")
+    by = {n.name: n for n in cal.nodes}
+    assert by["a_HzCalibration"].asymmetric and not by["h_HzCalibration"].quantizes
+    assert by["t_HzCalibration"].thresholds == (4.0,) and by["t_HzCalibration"].qtype == "int8"
+    v = np.linspace(-3, 7, 6, dtype=np.float32).reshape(1, 2, 3)
+    run = runnable_model(cal, fused=False)
+    a, h, t = ort.InferenceSession(run.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": v})
+    s, zp = np.float32(8.0 / 255), round(2.0 / (8.0 / 255))
+    np.testing.assert_allclose(a, (np.clip(np.round(v / s) + zp, 0, 255) - zp) * s, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(h, v.astype(np.float16).astype(np.float32))
+    s4 = np.float32(4.0 / 127)
+    np.testing.assert_allclose(t, np.clip(np.round(v / s4), -128, 127) * s4, rtol=1e-6)
+
+
 def test_fused_activation_stand_ins_and_unknown_horizon_op(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])
