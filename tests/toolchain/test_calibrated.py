@@ -156,12 +156,75 @@ def test_import_calibrated_table_differences_and_pc_check(project, tmp_path, cap
     assert 0.9 < pc.mean_cosine < 1.0
 
 
+def test_plan_differences_where_hb_quantizes_what_tuner_does_not(project, tmp_path):
+    """A tensor tuner leaves float (the residual Add before its fused Relu) and a weight tuner does not
+    quantize (the constant of the Mul tuner lowers to a 1x1 Conv) both calibrated by hb_mapper."""
+    cfg, ws, plan, scales = project
+    assert "/res/add_out" not in plan.quantized_tensors() and "/head/depth/Mul" not in plan.weights
+    m = calibrate(build_tiny_model(), {"x": {"thresholds": [50.0]}, "/res/add_out": {"thresholds": [30.0]}},
+                  weights={("/head/depth/mul_k", "/head/depth/Mul"): {"thresholds": [2.0]}})
+    report = build_report(ws, parse_calibrated(m, tmp_path / "m.onnx"), run_pc=False, reading=False)
+    diff = {x.tensor: x for x in report.differences}
+    assert (diff["/res/add_out"].real, diff["/res/add_out"].tuner) == ("int8", "float")
+    assert diff["/res/add_out"].what == "hb_mapper quantizes it; tuner does not"
+    w = diff["/head/depth/mul_k (/head/depth/Mul)"]
+    assert (w.real, w.tuner) == ("int8", "float") and "tuner keeps it float" in w.what
+    assert "x" not in diff                                          # the same on both sides
+    text = report.text()
+    assert "hb_mapper quantizes it; tuner does not" in text
+
+
+def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, tmp_path, capsys):
+    """Same tensor names, other channel counts (e.g. the calibrated model of another model size):
+    exit 2 naming the node, before the simulation or the PC check would fail on the shapes."""
+    cfg, ws, _, scales = project
+    for node, keep in (("/stem/relu_out_/res/Conv_HzCalibration", 4), ("/res/Conv.w_/res/Conv_HzCalibration", 5)):
+        m = mixed_model(ws, scales)
+        attr = next(a for n in m.graph.node if n.name == node for a in n.attribute if a.name == "thresholds")
+        vals = list(attr.floats)[:keep]
+        del attr.floats[:]
+        attr.floats.extend(vals)
+        path = tmp_path / "other_calibrated_model.onnx"
+        onnx.save(m, str(path))
+        for argv in (["eval", str(cfg), "--no-nodes", "--thresholds", str(path)], ["import-calibrated", str(path),
+                                                                                     str(cfg)]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert node in err and f"{keep} per-channel thresholds" in err and "Traceback" not in err
+
+
+def test_calibrated_model_of_another_model_and_missing_files_exit_2(project, tmp_path, capsys):
+    cfg, *_ = project
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
+    y = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 16, 16])
+    w = onnx.numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "conv.weight")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "conv.weight"], ["conv_out"], name="conv"),
+                           helper.make_node("Relu", ["conv_out"], ["out"], name="relu")], "other", [x], [y], [w])
+    other = calibrate(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+                      {"x": {"thresholds": [3.0]}, "conv_out": {"thresholds": [2.0]}})
+    path = tmp_path / "other_calibrated_model.onnx"
+    onnx.save(other, str(path))
+    for argv in (["import-calibrated", str(path), str(cfg)], ["eval", str(cfg), "--thresholds", str(path)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "conv_out_HzCalibration" in err and "calibrated model of this YAML's onnx_model" in err
+    missing = tmp_path / "nowhere_calibrated_model.onnx"
+    for argv in (["import-calibrated", str(missing), str(cfg)], ["eval", str(cfg), "--thresholds", str(missing)]):
+        assert main(argv) == 2
+        assert "no such file" in capsys.readouterr().err
+    assert main(["import-calibrated", str(path), str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml" in capsys.readouterr().err
+    assert main(["import-calibrated", str(path), str(cfg), "--march", "nonsense"]) == 2
+    assert "march 'nonsense'" in capsys.readouterr().err
+
+
 def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
     """The runnable model computes exactly facts 4.2's fake quantization, checked with numpy."""
     _, ws, _, scales = project
     cal = parse_calibrated(mixed_model(ws, scales), tmp_path / "m.onnx")
     exposed = ["/stem/relu_out_/res/Conv_HzCalibration_out", "/stem/relu_out", "/gate/Conv_out",
-               "/gate/Conv_out_HzCalibration_out", "/gate/sig_out", "/gate/sig_out_HzCalibration_out"]
+               "/gate/Conv_out_HzCalibration_out", "/gate/sig_out", "/gate/sig_out_HzCalibration_out",
+               "/stem/relu_out_HzCalibration_out"]
     for fused in (False, True):
         m = runnable_model(cal, fused=fused)
         if fused and not any(n.op_type == "FakeQuant" for n in m.graph.node):
@@ -182,6 +245,36 @@ def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
         np.testing.assert_allclose(vals[exposed[3]], np.clip(np.round(vals["/gate/Conv_out"] / s16), -32768, 32767)
                                    * s16, rtol=1e-6, atol=1e-9)
         np.testing.assert_array_equal(vals[exposed[5]], vals["/gate/sig_out"])    # switch OFF
+        s8 = np.float32(by["/stem/relu_out_HzCalibration"].thresholds[0] / 255)   # uint8: [0, 255], zero point 0
+        np.testing.assert_allclose(vals[exposed[6]], np.clip(np.round(vals["/stem/relu_out"] / s8), 0, 255) * s8,
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_asymmetric_uint8_float16_and_tensor_valued_thresholds(tmp_path):
+    """hb_quantizer_facts 4.1-4.2 forms the tiny model does not hold: uint8 [min, max] (zero point from
+    min), a float16 node (a round trip through float16), thresholds written as a tensor attribute."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3]) for n in ("a", "h", "t")]
+    nodes = [helper.make_node("HzCalibration", ["x"], ["a"], name="a_HzCalibration", domain="horizon",
+                              thresholds=[-2.0, 6.0], qtype="uint8", quant_attrs=7),
+             helper.make_node("HzCalibration", ["x"], ["h"], name="h_HzCalibration", domain="horizon",
+                              thresholds=[1.0], qtype="float16"),
+             helper.make_node("HzCalibration", ["x"], ["t"], name="t_HzCalibration", domain="horizon",
+                              thresholds=onnx.numpy_helper.from_array(np.array([4.0], np.float32)), qtype="INT8")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], outs),
+                          opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("horizon", 1)])
+    cal = parse_calibrated(m, tmp_path / "a.onnx")
+    by = {n.name: n for n in cal.nodes}
+    assert by["a_HzCalibration"].asymmetric and not by["h_HzCalibration"].quantizes
+    assert by["t_HzCalibration"].thresholds == (4.0,) and by["t_HzCalibration"].qtype == "int8"
+    v = np.linspace(-3, 7, 6, dtype=np.float32).reshape(1, 2, 3)
+    run = runnable_model(cal, fused=False)
+    a, h, t = ort.InferenceSession(run.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": v})
+    s, zp = np.float32(8.0 / 255), round(2.0 / (8.0 / 255))
+    np.testing.assert_allclose(a, (np.clip(np.round(v / s) + zp, 0, 255) - zp) * s, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(h, v.astype(np.float16).astype(np.float32))
+    s4 = np.float32(4.0 / 127)
+    np.testing.assert_allclose(t, np.clip(np.round(v / s4), -128, 127) * s4, rtol=1e-6)
 
 
 def test_fused_activation_stand_ins_and_unknown_horizon_op(tmp_path):
@@ -226,6 +319,21 @@ def running_max_thresholds(model, data, tensors, p):
     return {t: float(np.quantile(m.ravel(), q)) for t, m in running.items()}, q, n
 
 
+def pooled_thresholds(model, data, tensors, p):
+    """The pooled reading computed directly: the p-quantile of |x| over every value of every sample."""
+    from tuner.runtime.session import make_session, run_samples, with_outputs
+
+    session = make_session(with_outputs(model.proto, tensors))
+    names = [o.name for o in session.get_outputs() if o.name in set(tensors)]
+    pooled: dict[str, list] = {}
+    for sample, outs in run_samples(session, names, data, None, with_inputs=True):
+        values = dict(zip(names, outs))
+        values.update({k: v for k, v in sample.items() if k in set(tensors)})
+        for t, v in values.items():
+            pooled.setdefault(t, []).append(np.abs(np.asarray(v, np.float32)).ravel())
+    return {t: float(np.quantile(np.concatenate(v), p)) for t, v in pooled.items()}
+
+
 def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     """Thresholds made with the running-max reading are recognised as such, per tensor and overall."""
 
@@ -242,8 +350,18 @@ def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     p = report.percentile
     assert p is not None and p.kernel_percentile == pytest.approx(0.992)
     assert p.verdict == "running_max" and p.running_max_wins > p.pooled_wins
+    # the table's max-percentile method is the one tuner simulates (tuner's own threshold for this YAML)
+    for r in report.rows:
+        assert r.methods["max-percentile 0.999"] == pytest.approx(r.tuner, rel=1e-9), r.tensor
     assert main(["import-calibrated", str(path), str(cfg)]) == 0
-    assert "running-max p'-quantile" in capsys.readouterr().out
+    assert "the thresholds support the running-max p'-quantile" in capsys.readouterr().out
+    # thresholds made with the other reading are recognised as that one
+    pooled = pooled_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
+    onnx.save(calibrate(build_tiny_model(), {t: {"thresholds": [pooled[t]]} for t in tensors}), str(path))
+    p = build_report(ws, read_calibrated(path), run_pc=False).percentile
+    assert p is not None and p.verdict == "pooled" and p.pooled_wins > p.running_max_wins
+    assert main(["import-calibrated", str(path), str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["percentile"]["verdict"] == "pooled"
 
 
 def test_search_space_thresholds_key(tmp_path, project):
@@ -264,3 +382,30 @@ def test_search_space_thresholds_key(tmp_path, project):
     space_path.write_text(text + "thresholds: missing.onnx\n")
     with pytest.raises(TunerError, match="thresholds: 'missing.onnx' not found"):
         load_space(space_path)
+
+
+def test_a_search_with_the_thresholds_key_simulates_every_trial_with_the_real_thresholds(tmp_path, project):
+    """A real (small) search: every trial is simulated with hb_mapper's thresholds, so the all-int8
+    baseline trial scores what the space's workspace scores with them, not tuner's own max."""
+    import csv
+
+    from helpers import write_tiny_space
+
+    from tuner.study.space import load_space
+
+    _, ws, _, scales = project
+    space_path = write_tiny_space(tmp_path)
+    onnx.save(mixed_model(ws, scales), str(tmp_path / "tiny_calibrated_model.onnx"))
+    space_path.write_text(space_path.read_text() + "thresholds: tiny_calibrated_model.onnx\n")
+    results = tmp_path / "results"
+    assert main(["search", str(space_path), "--n-trials", "4", "--threads", "1", "--results-dir", str(results)]) == 0
+    with open(results / "tiny" / "trials.csv") as f:
+        trials = list(csv.DictReader(f))
+    assert len(trials) >= 4 and all(t["calibration"].startswith("real thresholds") for t in trials)
+    sws = Workspace.for_space(load_space(space_path))
+    base = sws.base_candidate()
+    real = sws.simulator.evaluate(base, per_node=False).mean_cosine
+    own = Workspace.open(load_space(space_path).base).simulator.evaluate(base, per_node=False).mean_cosine
+    first = next(t for t in trials if t["plan"] == "baseline: all-BPU int8, max")
+    assert float(first["accuracy"]) == pytest.approx(real, abs=1e-6) and abs(real - own) > 1e-5
+    assert "real thresholds" in (results / "tiny" / "best.yaml").read_text()

@@ -232,6 +232,18 @@ def _digest(nodes: tuple[HzNode, ...]) -> str:
     return hashlib.sha256(json.dumps([n.as_dict() for n in nodes], sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _check_channels(n: HzNode, shape: tuple[int | None, ...] | None) -> None:
+    """Per-channel thresholds must be one per channel of the tensor along the node's axis (a
+    calibrated model of another width of the same network has the same tensor names)."""
+    if not n.per_channel or shape is None or not -len(shape) <= n.axis < len(shape):
+        return
+    channels = shape[n.axis]
+    if channels is not None and channels != len(n.thresholds):
+        raise TunerError(f"HzCalibration node {n.name!r}: {len(n.thresholds)} per-channel thresholds along axis "
+                         f"{n.axis}, but tensor {n.tensor!r} has {channels} channels there in the YAML's model; is "
+                         "this the calibrated model of this YAML's onnx_model?")
+
+
 def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None = None) -> MappedThresholds:
     """Address every calibration node to tuner's graph (:class:`tuner.graph.Graph`).
 
@@ -257,6 +269,7 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
     for n in cal.nodes:
         if n.kind == "activation":
             if n.tensor in tensors:
+                _check_channels(n, graph.shapes.get(n.tensor))
                 acts.setdefault(n.tensor, []).append(n)
             elif n.tensor in known_onnx:
                 unmapped.append(Unmapped(n, f"tensor {n.tensor!r} is not in the graph tuner calibrates (tuner's "
@@ -272,6 +285,9 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
             r = graph.names.rewrites.get(n.consumer)
             consumer = r.nodes[0] if r is not None and r.nodes else None
         if consumer is not None:
+            user = graph.by_name.get(consumer)
+            if user is not None and user.op_type == "Conv" and n.tensor in graph.initializers:
+                _check_channels(n, tuple(graph.initializers[n.tensor].dims))   # [Cout, Cin/g, k...], axis 0
             weights[consumer] = n
         elif n.tensor in known_onnx or (n.consumer is not None and n.consumer in known_onnx):
             unmapped.append(Unmapped(n, f"weight {n.tensor!r}: its consumer is not in the graph tuner calibrates"))

@@ -265,8 +265,10 @@ def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = 
             mine = scales.threshold(t, dtype) if t in ws.stats else None
             methods = {}
             if t in ws.stats:
+                # max-percentile as tuner simulates it (scales.py: hb_mapper's running-max reading); the
+                # pooled reading is compared in percentile_reading
                 methods = {"max": memo.get(t, "max", None, qmax),
-                           f"max-percentile {p!r}": memo.get(t, "percentile", p, qmax),
+                           f"max-percentile {p!r}": memo.get(t, "max-percentile", p, qmax),
                            "kl": memo.get(t, "kl", None, qmax)}
             real = n.threshold
             closest = min(methods, key=lambda m: _log_err(real, methods[m])) if methods and n.quantizes else None
