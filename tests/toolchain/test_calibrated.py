@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import yaml
 from calibrated_models import calibrate, weight_max
 from helpers import build_tiny_model, tiny_sample, write_tiny_project
 from onnx import TensorProto, helper
@@ -128,6 +129,24 @@ def test_real_thresholds_change_the_simulation(project, tmp_path):
                                                                        / 127.0), rel=1e-6)
     assert rs.get("/head/cat_out", "int8").threshold == pytest.approx(scales.threshold("/head/cat_out") * 0.9, rel=1e-6)
     assert real.mean_cosine != base.mean_cosine
+
+
+def test_eval_with_thresholds_counts_the_calibrated_models_qtypes(project, tmp_path, capsys):
+    """The summary's int16 count is the YAML's plan; the real qtypes, which are what is simulated,
+    are counted beside it (the mixed model has one int16 and one uint8 tensor where the plan has int8)."""
+    cfg, ws, plan, scales = project
+    path = tmp_path / "mixed_calibrated_model.onnx"
+    onnx.save(mixed_model(ws, scales), str(path))
+    assert main(["eval", str(cfg), "--no-nodes", "--thresholds", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 int16 node(s)" in out
+    line = next(x for x in out.splitlines() if x.startswith("hb_mapper's calibrated model quantizes"))
+    assert "1 int16" in line and "1 uint8" in line
+    assert main(["eval", str(cfg), "--json", "--no-nodes", "--thresholds", str(path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["real_qtypes"]["int16"] == 1 and got["real_qtypes"]["uint8"] == 1
+    assert main(["eval", str(cfg), "--json", "--no-nodes"]) == 0
+    assert "real_qtypes" not in json.loads(capsys.readouterr().out)
 
 
 def test_import_calibrated_table_differences_and_pc_check(project, tmp_path, capsys):
@@ -370,7 +389,7 @@ def test_search_space_thresholds_key(tmp_path, project):
     from tuner.study.space import load_space
 
     _, ws, plan, scales = project
-    space_path = write_tiny_space(tmp_path)
+    space_path = without_calibration_lists(write_tiny_space(tmp_path))
     onnx.save(own_max_model(ws, plan, scales), str(tmp_path / "tiny_calibrated_model.onnx"))
     text = space_path.read_text()
     space_path.write_text(text + "thresholds: tiny_calibrated_model.onnx\n")
@@ -394,7 +413,7 @@ def test_a_search_with_the_thresholds_key_simulates_every_trial_with_the_real_th
     from tuner.study.space import load_space
 
     _, ws, _, scales = project
-    space_path = write_tiny_space(tmp_path)
+    space_path = without_calibration_lists(write_tiny_space(tmp_path))
     onnx.save(mixed_model(ws, scales), str(tmp_path / "tiny_calibrated_model.onnx"))
     space_path.write_text(space_path.read_text() + "thresholds: tiny_calibrated_model.onnx\n")
     results = tmp_path / "results"
@@ -408,4 +427,40 @@ def test_a_search_with_the_thresholds_key_simulates_every_trial_with_the_real_th
     own = Workspace.open(load_space(space_path).base).simulator.evaluate(base, per_node=False).mean_cosine
     first = next(t for t in trials if t["plan"] == "baseline: all-BPU int8, max")
     assert float(first["accuracy"]) == pytest.approx(real, abs=1e-6) and abs(real - own) > 1e-5
-    assert "real thresholds" in (results / "tiny" / "best.yaml").read_text()
+    best = (results / "tiny" / "best.yaml").read_text()
+    assert "real thresholds" in best
+    # the calibration is the base YAML's (max), the one the calibrated model came from: not searched
+    assert yaml.safe_load(best)["calibration_parameters"]["calibration_type"] == "max"
+    assert all(t["calibration"] == trials[0]["calibration"] for t in trials)
+
+
+def without_calibration_lists(space_path):
+    """The tiny space without its calibration lists (a thresholds: space searches none)."""
+    text = space_path.read_text()
+    start = text.index("calibration:\n")
+    end = text.index("objectives:")
+    space_path.write_text(text[:start] + text[end:])
+    return space_path
+
+
+def test_thresholds_pin_the_calibration_to_the_base_yamls(tmp_path, project, capsys):
+    """The calibrated model's thresholds come from one calibration: a space with thresholds: does
+    not search calibration_type (a kl trial would be scored with max's thresholds and export a YAML
+    that makes hb_mapper compute others), and a space that lists calibration values with it is refused."""
+    from helpers import write_tiny_space
+
+    from tuner.study.space import load_space
+
+    _, ws, plan, scales = project
+    listed = write_tiny_space(tmp_path)
+    onnx.save(own_max_model(ws, plan, scales), str(tmp_path / "tiny_calibrated_model.onnx"))
+    listed.write_text(listed.read_text() + "thresholds: tiny_calibrated_model.onnx\n")
+    with pytest.raises(TunerError, match=r"thresholds: and calibration.calibration_type: \['max', 'kl'\] contradict"):
+        load_space(listed)
+    assert main(["search", str(listed), "--n-trials", "1", "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "contradict" in err and "Traceback" not in err and not (tmp_path / "r").exists()
+    space = load_space(without_calibration_lists(listed))
+    assert space.knobs.free() == {} and space.knobs.calibration_type == ("max",)
+    assert space.raw["calibration"]["calibration_type"] == ["max"]
+

@@ -26,6 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def real_qtype_counts(real: Any) -> dict[str, int]:
+    """Activation tensors hb_mapper's calibrated model rounds, by qtype (int8, int16, uint8)."""
+    counts: dict[str, int] = {}
+    for nodes in real.activations.values():
+        for q in sorted({n.qtype for n in nodes if n.quantizes}):
+            counts[q] = counts.get(q, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def run(args: argparse.Namespace) -> int:
     from tuner.console import progress_printer
     from tuner.inputs.calibrated import load_thresholds
@@ -52,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         "warnings": ws.warnings,
         "graph": ws.model.names.summary(),   # what hb_mapper's optimizer changed (tuner.graph.optimize)
     }
+    if ws.real_thresholds is not None:
+        # the plan's counts (summary line) are the YAML's; hb_mapper's qtypes are what is simulated
+        info["real_qtypes"] = real_qtype_counts(ws.real_thresholds)
     if args.json:
         if args.trace:
             info["trace"] = text.accumulated_rows(ev, ws.graph)
@@ -72,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
         print(text.accumulated_table(ev, ws.graph) if args.trace else text.node_table(ev))
     print()
     print(text.summary_line(ev))
+    if "real_qtypes" in info:
+        counts = ", ".join(f"{n} {q}" for q, n in info["real_qtypes"].items())
+        print(f"hb_mapper's calibrated model quantizes {counts} tensor(s); those qtypes are simulated "
+              "(the node counts above are the YAML's own plan)")
     for note in ev.notes:
         print(f"note: {note}")
     merge = text.merge_info_table(ev)

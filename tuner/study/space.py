@@ -196,8 +196,35 @@ def load_space(path: str | Path) -> SearchSpace:
         from tuner.inputs.model import file_fingerprint
 
         raw["thresholds_sha256"] = file_fingerprint(thresholds)   # a new calibrated model is a new space
+        knobs = _pinned_to_base(path, given, base, raw)
     return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, rule=rule, knobs=knobs, objective=objective,
                        settings=settings, profile=profile, thresholds=thresholds, validation_data=validation_data)
+
+
+def _pinned_to_base(path: Path, given: dict[str, Any], base: Path, raw: dict[str, Any]) -> CalibrationKnobs:
+    """With ``thresholds:``, the calibration is the base YAML's, not searched.
+
+    hb_mapper's calibrated model holds the thresholds of the calibration that made it: a trial
+    with another ``calibration_type`` would be simulated with those thresholds all the same (only
+    tensors hb_mapper did not calibrate fall back to tuner's own), and the YAML it exported would
+    make hb_mapper compute other thresholds than the ones the trial was scored with. So the space's
+    calibration is pinned to the base YAML's, and a space that lists calibration values to search
+    is refused: the two keys contradict each other.
+    """
+    from tuner.inputs.config import load_config
+
+    listed = {k: v for k, v in (given.get("calibration") or {}).items() if isinstance(v, list) and len(v) > 1}
+    if listed:
+        key = next(iter(listed))
+        raise TunerError(f"{path}: thresholds: and calibration.{key}: {listed[key]} contradict each other: the "
+                         "calibrated model's thresholds come from one calibration (the base YAML's); remove "
+                         "the calibration lists to search placement and int16 around it, or remove thresholds: "
+                         "to search the calibration")
+    cfg = load_config(base)
+    cal = Calibration(type=cfg.calibration_type, max_percentile=cfg.max_percentile, per_channel=cfg.per_channel)
+    raw["calibration"] = {"calibration_type": [cal.type], "max_percentile": [cal.percentile_value],
+                          "per_channel": [bool(cal.per_channel)]}
+    return CalibrationKnobs.from_section(raw["calibration"], f"{path}: calibration")
 
 
 # --------------------------------------------------------------------------- resolution
