@@ -34,6 +34,18 @@ def test_eval_json_has_outputs_nodes_and_fingerprints(tiny_project):
     assert {r["node"] for r in data["nodes"]} >= {"/stem/Conv", "/gate/Where"}
 
 
+def test_a_reader_that_stops_early_ends_the_command_quietly(tiny_project):
+    """`tuner eval --json | head`: the reader closes its end before tuner writes; tuner exits with
+    128 + SIGPIPE and no 'Exception ignored ... BrokenPipeError' traceback on stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "eval", str(tiny_project), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
 def test_eval_on_separate_data(tiny_project, tmp_path):
     other = tmp_path / "eval"
     other.mkdir()

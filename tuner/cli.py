@@ -6,6 +6,7 @@ Bad input raises ``TunerError``; it is printed as one line and the exit code is 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tuner import __version__, commands
@@ -33,7 +34,14 @@ def main(argv: list[str] | None = None) -> int:
         pass
     try:
         code: int = args.func(args)
+        sys.stdout.flush()   # inside the try: a reader that stopped early (| head) is seen here
         return code
+    except BrokenPipeError:
+        # `tuner ... --json | head`: the reader has what it wanted. Python's advice: point stdout at
+        # devnull so the interpreter's own flush at exit does not raise again, and exit quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141   # 128 + SIGPIPE, what a C tool killed by the pipe would return
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return 2
