@@ -291,3 +291,43 @@ def test_a_grouped_conv_transpose_has_one_weight_scale_per_output_channel():
     assert scales[4] == pytest.approx(np.abs(w[2:, 1]).max() / 127) and scales[1] == pytest.approx(np.abs(w[:2, 1]).max() / 127)
     # group 0's channel 1 is not crushed by group 1's large one (it would be with one scale per Cout/g column)
     np.testing.assert_allclose(fq[:2, 1], w[:2, 1], atol=float(scales[1]) / 2 + 1e-7)
+
+
+def test_per_node_table_and_trace_use_hb_mappers_names(tmp_path):
+    """The rows of ``tuner eval`` and ``--trace`` are the graph hb_mapper calibrates, under its log's
+    names: no Identity row, a Div as ``<name>_reciprocal`` + ``<name>_mul``, a BPU Softmax as its six
+    ``..._FROM_QUANTIZED_SOFTMAX`` parts (the trace once failed on those: the graph has one Softmax)."""
+    from helpers import hb_yaml
+
+    from tuner.candidate import Calibration
+    from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part
+    from tuner.report.text import accumulated_rows, accumulated_table, node_table
+    from tuner.workspace import Workspace
+
+    rng = np.random.default_rng(11)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "x", "b", rng)
+    nodes = [c1, c2, helper.make_node("Identity", ["a"], ["a_id"], name="/id"),
+             helper.make_node("Sigmoid", ["b"], ["s"], name="/gate/Sigmoid"),
+             helper.make_node("Div", ["a_id", "s"], ["d"], name="/blk/Div"),
+             helper.make_node("Softmax", ["d"], ["y"], name="/attn/Softmax", axis=3)]
+    onnx.save(_model(nodes, [w1, w2]), str(tmp_path / "m.onnx"))
+    (tmp_path / "cal").mkdir()
+    for i in range(4):
+        rng.standard_normal(SHAPE).astype(np.float32).tofile(tmp_path / "cal" / f"{i:04d}.bin")
+    (tmp_path / "hb.yaml").write_text(hb_yaml("m.onnx", "x", "1x4x8x8", prefix="m"))
+    ws = Workspace.open(tmp_path / "hb.yaml")
+    ev = ws.simulator.evaluate(Candidate.make(Calibration("max"), {"/attn/Softmax": {"ON": "BPU"}}), per_node=True)
+    parts = [softmax_part("/attn/Softmax", p) for p in SOFTMAX_PARTS]
+    names = ["/c1", "/c2", "/gate/Sigmoid", "/blk/Div_reciprocal", "/blk/Div_mul"] + parts
+    assert [r.name for r in ev.nodes] == names
+    assert all(n in node_table(ev) for n in names) and "/id" not in node_table(ev)
+    rows = accumulated_rows(ev, ws.graph)
+    assert [r["node"] for r in rows] == names
+    by = {r["node"]: r for r in rows}
+    cos = {r.name: r.cosine for r in ev.nodes}
+    # a part's change is measured from the parts it reads; the first parts read the Div's Mul
+    assert by[parts[2]]["change"] == pytest.approx(cos[parts[2]] - cos[parts[1]])
+    assert by[parts[5]]["change"] == pytest.approx(cos[parts[5]] - min(cos[parts[2]], cos[parts[4]]))
+    assert by[parts[1]]["change"] == pytest.approx(cos[parts[1]] - min(cos["/blk/Div_mul"], cos[parts[0]]))
+    assert "/blk/Div_mul" in accumulated_table(ev, ws.graph)
