@@ -30,7 +30,7 @@ and reports its nodes under the names hb_mapper's log prints:
   it leaves the BPU as int32 before a CPU node: x5_op_facts §4.2 #12, #14). It becomes a node of kind
   ``HzChannelScale`` (same name as the Mul) that the target tables treat like a Conv: no LUT chaining,
   int32 output at a subgraph edge. Its constant, being scalar or one value per channel, is exact under
-  per-output-channel int8 weight quantization.
+  per-output-channel int8 weight quantization (so the simulator keeps it float: not a plan weight).
 
 * **Softmax on the BPU** is six quantized ops: :mod:`tuner.graph.softmax` (the graph keeps one
   Softmax, whose placement depends on the candidate).
