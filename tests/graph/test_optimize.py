@@ -398,3 +398,34 @@ def test_gelu_mish_and_hardswish_are_one_lut_quantized_once_in_and_out(target, p
     assert plan.placement[last] == "BPU"
     assert sorted(t for t, _ in plan.edges.values()) == ["a", "s", "x"]     # in once, out once
     _same_function(before, model)
+
+
+def test_a_search_space_may_name_nodes_by_their_onnx_names(tmp_path, target):
+    """nodes.names of a search space takes node_info's names: an ONNX name the optimizer replaced
+    stands for the nodes that replaced it; a removed one is an error that says so."""
+    import dataclasses
+
+    from helpers import write_tiny_space
+
+    from tuner.study.space import free_nodes, load_space
+
+    rng = np.random.default_rng(13)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "x", "b", rng)
+    nodes = [c1, c2, helper.make_node("Identity", ["a"], ["a_id"], name="/id"),
+             helper.make_node("Sigmoid", ["b"], ["s"], name="/gate/Sigmoid"),
+             helper.make_node("Div", ["a_id", "s"], ["y"], name="/blk/Div")]
+    model, names = optimize(_model(nodes, [w1, w2]))
+    graph = Graph(model, names)
+    space = load_space(write_tiny_space(tmp_path))
+
+    def free(*wanted):
+        return free_nodes(dataclasses.replace(space, rule=dataclasses.replace(space.rule, names=wanted)), graph, target)
+
+    assert free("/blk/Div") == ["/blk/Div_reciprocal", "/blk/Div_mul"]
+    assert free("/blk/Div_mul", "/c1") == ["/c1", "/blk/Div_mul"]
+    with pytest.raises(TunerError, match="'/id' .*Identity removed"):
+        free("/id")
+    with pytest.raises(TunerError, match="'/blk/Div' .*Div split into Reciprocal \\+ Mul; name '/blk/Div_reciprocal', "
+                                         "'/blk/Div_mul' instead"):
+        graph.node("/blk/Div")
