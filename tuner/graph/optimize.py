@@ -17,9 +17,10 @@ and reports its nodes under the names hb_mapper's log prints:
   forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
   output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
   (hb_quantizer_facts §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
-  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350). The fused node keeps the name of
-  the region's last node, and becomes an ONNX model-local function of that kind (domain
-  ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.
+  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for HardSwish, Mish
+  and GELU: no real log shows them fused; the patterns are the usual exporter forms]. The fused
+  node keeps the name of the region's last node, and becomes an ONNX model-local function of that
+  kind (domain ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.
 * **Div decomposed**: ``Div(a, b)`` with ``b`` computed at run time becomes ``<name>_reciprocal``
   (``Reciprocal(b)``, a LUT) and ``<name>_mul`` (``Mul(a, ·)``), as in real 1.24.3 logs
   (``…/Div_reciprocal HzLut`` + ``…/Div_mul HzSElementwiseMul``) and D-Robotics' own X5 YAMLs, which
