@@ -89,3 +89,42 @@ def test_malformed_int16_rules_are_clear_errors(tmp_path, extra, fragment):
     path.write_text(text + "\n" + extra, encoding="utf-8")
     with pytest.raises(TunerError, match=re.escape(fragment)):
         load_target(path)
+
+
+#: x5_op_facts 4.3 / 6.5: "CPU计算" on RDK Ultra (S2), BPU ops on X5.
+ULTRA_CPU_ONLY = ("Acos", "Acosh", "Asin", "Asinh", "Atanh", "Cosh", "Sinh", "Tan", "Round", "Sign", "Erf", "Selu",
+                  "Softsign", "PRelu")
+#: x5_op_facts 4.4: the X3 ONNX list's CPU ops (GridSample: "CPU计算※").
+X3_CPU = ("Abs", "Acos", "Acosh", "ArgMin", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Cosh", "Elu", "Equal", "Erf",
+          "Expand", "Flatten", "Floor", "Gather", "GatherElements", "Greater", "GreaterOrEqual", "HardSigmoid", "Less",
+          "LessOrEqual", "Log", "Max", "Min", "ReduceMax", "ReduceSum", "Reshape", "Round", "Selu", "Sign", "Sinh",
+          "Softsign", "Squeeze", "Sub", "Tan", "Tile", "TopK", "Transpose", "Unsqueeze", "GridSample")
+
+
+def test_target_tables_entry_by_entry():
+    """The rows of x5_op_facts sections 2 and 4 that the target tables must follow, one by one."""
+    x5, ultra, x3 = load_target("bayes-e"), load_target("bayes"), load_target("bernoulli2")
+    for t in (x5, ultra):
+        # section 2: int16 in and out; int8 only; int16 input only
+        for op in ("Conv", "MatMul", "Softmax", "Concat", "Add", "Sub", "Mul", "Sigmoid", "MaxPool", "Reshape",
+                   "Flatten", "Squeeze", "Unsqueeze", "Relu", "Reciprocal", "GlobalAveragePool"):
+            assert t.int16_input(op) and t.int16_output(op), (t.march, op)
+        for op in ("ConvTranspose", "Resize", "Upsample", "AveragePool", "PRelu", "Gather", "Div", "Gemm"):
+            assert not t.int16_input(op) and not t.int16_output(op), (t.march, op)
+        for op in ("Equal", "Greater", "Less"):
+            assert t.int16_input(op) and not t.int16_output(op), (t.march, op)
+        # section 4.1-4.2: default CPU, HardSwish gone, int32 outputs
+        assert {"Softmax", "Min", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"} <= t.bpu_default_cpu
+        assert not t.bpu_capable("HardSwish")
+        assert {"Conv", "Gemm", "MatMul", "HzChannelScale"} <= t.int32_output_ops and "ConvTranspose" not in t.int32_output_ops
+        for op in ("Where", "Not", "CumSum", "GatherND", "ScatterND", "InstanceNormalization", "Identity", "Cast",
+                   "RoiAlign", "LogSoftmax", "ReduceMin"):
+            assert not t.bpu_capable(op), (t.march, op)
+    for op in ULTRA_CPU_ONLY:
+        assert x5.bpu_capable(op) and not ultra.bpu_capable(op) and not ultra.int16_input(op), op
+    assert x5.int16_input("DepthToSpace") and not ultra.int16_input("DepthToSpace") and ultra.bpu_capable("DepthToSpace")
+    for op in X3_CPU:
+        assert not x3.bpu_capable(op), op
+    assert x3.bpu_default_cpu == {"Softmax"} and not x3.int16_ops and not x3.int16_input_only
+    for op in ("Conv", "ConvTranspose", "Gemm", "MatMul", "Relu", "Add", "Mul", "Concat", "Resize", "MaxPool"):
+        assert x3.bpu_capable(op), op

@@ -214,6 +214,14 @@ def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
     p16 = make_plan(graph, target, Candidate.make(nodes={"/scale/Mul": {"InputType1": "int16"}}))
     assert p16.in_dtype["/scale/Mul"] == "int16"
     _same_function(before, model)
+    # Its constant is the weight of a depthwise 1x1 convolution: int8 per output channel (the rule of
+    # Conv weights, hb_quantizer_facts 1.7) gives each value its own scale, so it is exact and the
+    # simulator keeps it float (it is not in plan.weights).
+    from tuner.simulate.qdq import fake_quant_weight
+
+    k = numpy_helper.to_array(graph.initializers["k"]).reshape(4, 1, 1, 1).astype(np.float64)
+    np.testing.assert_allclose(fake_quant_weight(k, 0), k, rtol=1e-6)
+    assert "/scale/Mul" not in plan.weights
 
 
 def test_a_bpu_softmax_runs_as_hb_mappers_six_quantized_parts(tmp_path):
@@ -291,3 +299,133 @@ def test_a_grouped_conv_transpose_has_one_weight_scale_per_output_channel():
     assert scales[4] == pytest.approx(np.abs(w[2:, 1]).max() / 127) and scales[1] == pytest.approx(np.abs(w[:2, 1]).max() / 127)
     # group 0's channel 1 is not crushed by group 1's large one (it would be with one scale per Cout/g column)
     np.testing.assert_allclose(fq[:2, 1], w[:2, 1], atol=float(scales[1]) / 2 + 1e-7)
+
+
+def test_per_node_table_and_trace_use_hb_mappers_names(tmp_path):
+    """The rows of ``tuner eval`` and ``--trace`` are the graph hb_mapper calibrates, under its log's
+    names: no Identity row, a Div as ``<name>_reciprocal`` + ``<name>_mul``, a BPU Softmax as its six
+    ``..._FROM_QUANTIZED_SOFTMAX`` parts (the trace once failed on those: the graph has one Softmax)."""
+    from helpers import hb_yaml
+
+    from tuner.candidate import Calibration
+    from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part
+    from tuner.report.text import accumulated_rows, accumulated_table, node_table
+    from tuner.workspace import Workspace
+
+    rng = np.random.default_rng(11)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "x", "b", rng)
+    nodes = [c1, c2, helper.make_node("Identity", ["a"], ["a_id"], name="/id"),
+             helper.make_node("Sigmoid", ["b"], ["s"], name="/gate/Sigmoid"),
+             helper.make_node("Div", ["a_id", "s"], ["d"], name="/blk/Div"),
+             helper.make_node("Softmax", ["d"], ["y"], name="/attn/Softmax", axis=3)]
+    onnx.save(_model(nodes, [w1, w2]), str(tmp_path / "m.onnx"))
+    (tmp_path / "cal").mkdir()
+    for i in range(4):
+        rng.standard_normal(SHAPE).astype(np.float32).tofile(tmp_path / "cal" / f"{i:04d}.bin")
+    (tmp_path / "hb.yaml").write_text(hb_yaml("m.onnx", "x", "1x4x8x8", prefix="m"))
+    ws = Workspace.open(tmp_path / "hb.yaml")
+    ev = ws.simulator.evaluate(Candidate.make(Calibration("max"), {"/attn/Softmax": {"ON": "BPU"}}), per_node=True)
+    parts = [softmax_part("/attn/Softmax", p) for p in SOFTMAX_PARTS]
+    names = ["/c1", "/c2", "/gate/Sigmoid", "/blk/Div_reciprocal", "/blk/Div_mul"] + parts
+    assert [r.name for r in ev.nodes] == names
+    assert all(n in node_table(ev) for n in names) and "/id" not in node_table(ev)
+    rows = accumulated_rows(ev, ws.graph)
+    assert [r["node"] for r in rows] == names
+    by = {r["node"]: r for r in rows}
+    cos = {r.name: r.cosine for r in ev.nodes}
+    # a part's change is measured from the parts it reads; the first parts read the Div's Mul
+    assert by[parts[2]]["change"] == pytest.approx(cos[parts[2]] - cos[parts[1]])
+    assert by[parts[5]]["change"] == pytest.approx(cos[parts[5]] - min(cos[parts[2]], cos[parts[4]]))
+    assert by[parts[1]]["change"] == pytest.approx(cos[parts[1]] - min(cos["/blk/Div_mul"], cos[parts[0]]))
+    assert "/blk/Div_mul" in accumulated_table(ev, ws.graph)
+
+
+def _gelu_erf(x):
+    return [helper.make_node("Div", [x, "sqrt2"], ["g1"], name="/gelu/Div"),
+            helper.make_node("Erf", ["g1"], ["g2"], name="/gelu/Erf"),
+            helper.make_node("Add", ["g2", "one"], ["g3"], name="/gelu/Add"),
+            helper.make_node("Mul", [x, "g3"], ["g4"], name="/gelu/Mul"),
+            helper.make_node("Mul", ["g4", "half"], ["s"], name="/gelu/Mul_1")]
+
+
+def _gelu_tanh(x):
+    return [helper.make_node("Pow", [x, "three"], ["t1"], name="/gelu/Pow"),
+            helper.make_node("Mul", ["t1", "c044"], ["t2"], name="/gelu/Mul"),
+            helper.make_node("Add", [x, "t2"], ["t3"], name="/gelu/Add"),
+            helper.make_node("Mul", ["t3", "c079"], ["t4"], name="/gelu/Mul_1"),
+            helper.make_node("Tanh", ["t4"], ["t5"], name="/gelu/Tanh"),
+            helper.make_node("Add", ["t5", "one"], ["t6"], name="/gelu/Add_1"),
+            helper.make_node("Mul", [x, "t6"], ["t7"], name="/gelu/Mul_2"),
+            helper.make_node("Mul", ["t7", "half"], ["s"], name="/gelu/Mul_3")]
+
+
+def _mish_softplus(x):
+    return [helper.make_node("Softplus", [x], ["m1"], name="/mish/Softplus"),
+            helper.make_node("Tanh", ["m1"], ["m2"], name="/mish/Tanh"),
+            helper.make_node("Mul", [x, "m2"], ["s"], name="/mish/Mul")]
+
+
+def _mish_exp_log(x):
+    return [helper.make_node("Exp", [x], ["m1"], name="/mish/Exp"),
+            helper.make_node("Add", ["m1", "one"], ["m2"], name="/mish/Add"),
+            helper.make_node("Log", ["m2"], ["m3"], name="/mish/Log"),
+            helper.make_node("Tanh", ["m3"], ["m4"], name="/mish/Tanh"),
+            helper.make_node("Mul", [x, "m4"], ["s"], name="/mish/Mul")]
+
+
+def _hardswish_hardsigmoid(x):
+    return [helper.make_node("HardSigmoid", [x], ["h1"], name="/hs/HardSigmoid", alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", [x, "h1"], ["s"], name="/hs/Mul")]
+
+
+@pytest.mark.parametrize("pattern,kind,last", [
+    (_gelu_erf, "HzGelu", "/gelu/Mul_1"), (_gelu_tanh, "HzGelu", "/gelu/Mul_3"),
+    (_mish_softplus, "HzMish", "/mish/Mul"), (_mish_exp_log, "HzMish", "/mish/Mul"),
+    (_hardswish_hardsigmoid, "HzHardSwish", "/hs/Mul")])
+def test_gelu_mish_and_hardswish_are_one_lut_quantized_once_in_and_out(target, pattern, kind, last):
+    """hb_quantizer_facts 3.4 / section 5: GELU, Mish and HardSwish have fused Hz kinds, one LUT each."""
+    rng = np.random.default_rng(12)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "s", "y", rng)
+    inits = [w1, w2, _const("sqrt2", np.sqrt(2.0)), _const("one", 1.0), _const("half", 0.5), _const("three", 3.0),
+             _const("c044", 0.044715), _const("c079", np.sqrt(2 / np.pi))]
+    before = _model([c1] + pattern("a") + [c2], inits)
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert [(n.name, n.op_type) for n in graph] == [("/c1", "Conv"), (last, kind), ("/c2", "Conv")]
+    plan = make_plan(graph, target, Candidate.make())
+    assert plan.placement[last] == "BPU"
+    assert sorted(t for t, _ in plan.edges.values()) == ["a", "s", "x"]     # in once, out once
+    _same_function(before, model)
+
+
+def test_a_search_space_may_name_nodes_by_their_onnx_names(tmp_path, target):
+    """nodes.names of a search space takes node_info's names: an ONNX name the optimizer replaced
+    stands for the nodes that replaced it; a removed one is an error that says so."""
+    import dataclasses
+
+    from helpers import write_tiny_space
+
+    from tuner.study.space import free_nodes, load_space
+
+    rng = np.random.default_rng(13)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    c2, w2 = _conv("/c2", "x", "b", rng)
+    nodes = [c1, c2, helper.make_node("Identity", ["a"], ["a_id"], name="/id"),
+             helper.make_node("Sigmoid", ["b"], ["s"], name="/gate/Sigmoid"),
+             helper.make_node("Div", ["a_id", "s"], ["y"], name="/blk/Div")]
+    model, names = optimize(_model(nodes, [w1, w2]))
+    graph = Graph(model, names)
+    space = load_space(write_tiny_space(tmp_path))
+
+    def free(*wanted):
+        return free_nodes(dataclasses.replace(space, rule=dataclasses.replace(space.rule, names=wanted)), graph, target)
+
+    assert free("/blk/Div") == ["/blk/Div_reciprocal", "/blk/Div_mul"]
+    assert free("/blk/Div_mul", "/c1") == ["/c1", "/blk/Div_mul"]
+    with pytest.raises(TunerError, match="'/id' .*Identity removed"):
+        free("/id")
+    with pytest.raises(TunerError, match="'/blk/Div' .*Div split into Reciprocal \\+ Mul; name '/blk/Div_reciprocal', "
+                                         "'/blk/Div_mul' instead"):
+        graph.node("/blk/Div")

@@ -307,3 +307,48 @@ def test_the_int32_bias_uses_the_scale_its_input_is_quantized_with(tmp_path):
     w_scales = sim.weights.scales(sim.graph.initializers["w"], 0)
     steps = inits[conv.input[2]].astype(np.float64) / (s_in * w_scales)
     np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+
+
+def test_the_oracle_holds_on_hb_mappers_graph_where_it_changes_no_arithmetic(tmp_path):
+    """Issue 13 part 5: hb_mapper's optimizer removes Identity/Dropout and folds shape arithmetic;
+    those rewrites change where the graph splits, not the all-int8 per-tensor max arithmetic, so the
+    simulation of the optimized graph still equals onnxruntime's QDQ model of that graph."""
+    from helpers import hb_yaml
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    w = [numpy_helper.from_array((rng.standard_normal((4, 4, 3, 3)) * 0.3).astype(np.float32), f"w{i}") for i in range(3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], name="/c0", pads=[1] * 4),
+             helper.make_node("Identity", ["a"], ["a1"], name="/id0"),
+             helper.make_node("Relu", ["a1"], ["r"], name="/relu"),
+             helper.make_node("Dropout", ["r"], ["r1"], name="/drop"),
+             helper.make_node("Conv", ["r1", "w1"], ["b"], name="/c1", pads=[1] * 4),
+             helper.make_node("Shape", ["b"], ["shp"], name="/Shape"),
+             helper.make_node("Reshape", ["b", "shp"], ["b1"], name="/Reshape"),
+             helper.make_node("Identity", ["b1"], ["b2"], name="/id1"),
+             helper.make_node("Conv", ["b2", "w2"], ["y"], name="/c2", pads=[1] * 4)]
+    graph = helper.make_graph(nodes, "ids", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], w)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    onnx.save(model, str(tmp_path / "ids.onnx"))
+    (tmp_path / "cal").mkdir()
+    for i in range(4):
+        rng.standard_normal((1, 4, 8, 8)).astype(np.float32).tofile(tmp_path / "cal" / f"{i:04d}.bin")
+    (tmp_path / "hb.yaml").write_text(hb_yaml("ids.onnx", "x", "1x4x8x8", prefix="ids"))
+    ws = Workspace.open(tmp_path / "hb.yaml")
+    assert [n.op_type for n in ws.graph] == ["Conv", "Relu", "Conv", "Reshape", "Conv"]
+    ws.target = ort_semantics(ws.target)
+    cand = Candidate.make(Calibration("max"))
+    ev = ws.simulator.evaluate(cand)
+    plan = make_plan(ws.graph, ws.target, cand)
+    assert plan.n_subgraphs == 1
+    qdq = ort_quantize(ws.model.proto, ws.graph, plan, ws.simulator.scales(ev.calibration), ws.calibration_data)
+    session = make_session(qdq)
+    agree = Similarity()
+    for sample in ws.eval_data:
+        mine, _ = ws.simulator.tensors(cand, ["y"], sample)
+        (theirs,) = session.run(["y"], sample)
+        agree.update(theirs, mine["y"])
+    assert agree.cosine >= 0.99999 and agree.max_abs < 1e-4, agree.as_dict()
+    assert ev.mean_cosine < 0.99999

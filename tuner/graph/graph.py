@@ -160,6 +160,10 @@ class Graph:
             if removed is not None:
                 raise TunerError(f"node {name!r} ({removed.op_type}) is not in the graph hb_mapper calibrates: "
                                  f"{removed.reason} by its optimizer; drop it from node_info") from None
+            rewrite = self.names.rewrites.get(name)
+            if rewrite is not None:   # a name node_info accepts, but a search space must not list
+                raise TunerError(f"node {name!r} ({rewrite.op_type}) is not in the graph hb_mapper calibrates: "
+                                 f"{rewrite.reason}; name {', '.join(map(repr, rewrite.nodes))} instead") from None
             raise TunerError(f"node {name!r} is not in the model{self._name_hint(name)}. node_info keys are node "
                              "names of the input ONNX; 'tuner nodes CONFIG.yaml' lists them") from None
 

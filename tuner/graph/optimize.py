@@ -17,9 +17,10 @@ and reports its nodes under the names hb_mapper's log prints:
   forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
   output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
   (hb_quantizer_facts §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
-  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350). The fused node keeps the name of
-  the region's last node, and becomes an ONNX model-local function of that kind (domain
-  ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.
+  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for HardSwish, Mish
+  and GELU: no real log shows them fused; the patterns are the usual exporter forms]. The fused
+  node keeps the name of the region's last node, and becomes an ONNX model-local function of that
+  kind (domain ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.
 * **Div decomposed**: ``Div(a, b)`` with ``b`` computed at run time becomes ``<name>_reciprocal``
   (``Reciprocal(b)``, a LUT) and ``<name>_mul`` (``Mul(a, ·)``), as in real 1.24.3 logs
   (``…/Div_reciprocal HzLut`` + ``…/Div_mul HzSElementwiseMul``) and D-Robotics' own X5 YAMLs, which
@@ -30,7 +31,7 @@ and reports its nodes under the names hb_mapper's log prints:
   it leaves the BPU as int32 before a CPU node: x5_op_facts §4.2 #12, #14). It becomes a node of kind
   ``HzChannelScale`` (same name as the Mul) that the target tables treat like a Conv: no LUT chaining,
   int32 output at a subgraph edge. Its constant, being scalar or one value per channel, is exact under
-  per-output-channel int8 weight quantization.
+  per-output-channel int8 weight quantization (so the simulator keeps it float: not a plan weight).
 
 * **Softmax on the BPU** is six quantized ops: :mod:`tuner.graph.softmax` (the graph keeps one
   Softmax, whose placement depends on the candidate).

@@ -8,6 +8,7 @@ from typing import Any
 
 from tuner.candidate import Calibration
 from tuner.console import table
+from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part
 from tuner.simulate import Evaluation, Resolved
 from tuner.simulate.calibrate import MixedCalibration
 from tuner.simulate.realscales import RealCalibration
@@ -34,14 +35,39 @@ def accumulated_rows(ev: Evaluation, graph) -> list[dict[str, Any]]:
     by = {r.name: r for r in ev.nodes}
     out = []
     for i, r in enumerate(ev.nodes):
-        node = graph.by_name[r.name]
-        preds = [graph.producer[t] for t in node.inputs if t in graph.producer and graph.is_activation(t)]
-        in_cos = [c for c in (by[p.name].cosine for p in preds) if c is not None]
+        preds = [by[p] for p in _row_inputs(r.name, graph, by) if p in by]
+        in_cos = [c for c in (p.cosine for p in preds) if c is not None]
         change = None if r.cosine is None else r.cosine - (min(in_cos) if in_cos else 1.0)
-        switches = sorted({f"{by[p.name].on}->{r.on}" for p in preds if by[p.name].on != r.on})
+        switches = sorted({f"{p.on}->{r.on}" for p in preds if p.on != r.on})
         out.append({"index": i, "node": r.name, "on": r.on, "type": r.op_type, "cosine": r.cosine, "change": change,
                     "switch": ",".join(switches)})
     return out
+
+
+#: A BPU Softmax's rows are its six parts (tuner.graph.softmax): part -> the parts it reads.
+_PART_INPUTS = {"sub": ("reducemax",), "exp": ("sub",), "reducesum": ("exp",), "reciprocal": ("reducesum",),
+                "mul": ("exp", "reciprocal")}
+
+
+def _row_inputs(name: str, graph, rows: dict) -> list[str]:
+    """The rows a row reads: its producers' rows (a BPU Softmax's is its last part, ``..._mul``), and
+    for a part of a BPU Softmax, the parts before it (the graph holds one Softmax node, not its parts)."""
+    def row_of(tensor: str) -> list[str]:
+        p = graph.producer.get(tensor)
+        if p is None or not graph.is_activation(tensor):
+            return []
+        return [p.name if p.name in rows else softmax_part(p.name, "mul")]
+
+    node = graph.by_name.get(name)
+    if node is not None:
+        return [n for t in node.inputs for n in row_of(t)]
+    for part in SOFTMAX_PARTS:
+        suffix = softmax_part("", part)
+        if name.endswith(suffix) and name[: -len(suffix)] in graph.by_name:
+            softmax = name[: -len(suffix)]
+            own = [softmax_part(softmax, q) for q in _PART_INPUTS.get(part, ())]
+            return (row_of(graph.by_name[softmax].inputs[0]) if part in ("reducemax", "sub") else []) + own
+    return []
 
 
 def accumulated_table(ev: Evaluation, graph, mark: int = 5) -> str:

@@ -19,7 +19,9 @@ over samples, then over outputs; on ``calibration_dataset.get_data()``.
 That the data are the *first* ``DEFAULT_SEARCH_SAMPLES = 1`` calibration sample is **inferred**
 (strongly, facts 2.2): the type hint of ``get_data`` is one array per input, the same call feeds
 the one-shot forward of the final report, and the docs say the search uses the first sample.
-Ties keep the alphabetical order of the method strings (``kl...`` < ``max`` < ``max-percentile...``
+Not followed: horizon_nn scores a per-channel method with plain per-channel fake quantization, not
+the equalization it deploys (facts 1.5); tuner's score is the deployed arithmetic (a close call may
+differ). Ties keep the alphabetical order of the method strings (``kl...`` < ``max`` < ``max-percentile...``
 < ``max:...``); NaN scores go last.
 
 ``mix`` [facts 2.3; src 24273942193 MixCalibrater]: the base is the best of the three stage-1

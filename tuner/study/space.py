@@ -360,6 +360,10 @@ class ResolvedSpace:
 def free_nodes(space: SearchSpace, graph: Graph, target: Target) -> list[str]:
     """Node names the rules leave free, in topological order (before top_k)."""
     n = space.rule
+    # an ONNX name hb_mapper's optimizer replaced stands for the nodes that replaced it (as in node_info)
+    rewrites = {x: graph.names.rewrites[x].nodes for x in n.names
+                if x not in graph.by_name and x in graph.names.rewrites and graph.names.rewrites[x].nodes}
+    wanted = set(n.names) | {m for nodes in rewrites.values() for m in nodes}
     names = []
     for node in graph:
         if n.select == "bpu" and not target.bpu_capable(node.op_type):
@@ -368,14 +372,14 @@ def free_nodes(space: SearchSpace, graph: Graph, target: Target) -> list[str]:
             continue
         if n.pattern and not re.search(n.pattern, node.name):
             continue
-        if n.names and node.name not in n.names:
+        if n.names and node.name not in wanted:
             continue
         if any(re.search(p, node.name) for p in n.exclude):
             continue
         if not graph.data_inputs(node):  # nothing to quantize: placement cannot matter
             continue
         names.append(node.name)
-    missing = [x for x in n.names if x not in graph.by_name]
+    missing = [x for x in n.names if x not in graph.by_name and x not in rewrites]
     if missing:
         graph.node(missing[0])  # raises with close matches
     return names
