@@ -212,6 +212,30 @@ def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, 
             assert node in err and f"{keep} per-channel thresholds" in err and "Traceback" not in err
 
 
+def test_conv_transpose_weight_thresholds_must_be_one_per_output_channel(tmp_path):
+    """A grouped ConvTranspose weight [Cin, Cout/g, k, k] has g * Cout/g output channels (facts 1.7):
+    that many thresholds map; another count is an error naming the node, not a silent fallback to
+    tuner's max |w|."""
+    from tuner.graph import Graph
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 2, 2], np.linspace(-1, 1, 48).astype(np.float32))
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="/up", strides=[2, 2], group=2)
+    model = helper.make_model(helper.make_graph([node], "deconv", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    graph = Graph(onnx.shape_inference.infer_shapes(model))
+    for count, ok in ((6, True), (3, False), (4, False)):
+        m = calibrate(model, {"x": {"thresholds": [1.0]}}, weights={("w", "/up"): {"thresholds": [0.5] * count}})
+        cal = parse_calibrated(m, tmp_path / "deconv_calibrated_model.onnx")
+        if ok:
+            assert map_to_graph(cal, graph).weights["/up"].thresholds == (0.5,) * count
+        else:
+            with pytest.raises(TunerError, match=rf"w_/up_HzCalibration.*{count} per-channel weight thresholds.*"
+                                                 "has 6 output channels"):
+                map_to_graph(cal, graph)
+
+
 def test_calibrated_model_of_another_model_and_missing_files_exit_2(project, tmp_path, capsys):
     cfg, *_ = project
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])

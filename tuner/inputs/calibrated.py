@@ -26,7 +26,7 @@ import onnx
 from onnx import numpy_helper
 
 from tuner.errors import TunerError
-from tuner.graph import Graph
+from tuner.graph import Graph, Node
 
 OP = "HzCalibration"
 SUFFIX = "_HzCalibration"
@@ -244,6 +244,23 @@ def _check_channels(n: HzNode, shape: tuple[int | None, ...] | None) -> None:
                          "this the calibrated model of this YAML's onnx_model?")
 
 
+def _check_weight_channels(n: HzNode, user: Node, dims: tuple[int, ...]) -> None:
+    """A weight's per-channel thresholds are one per output channel of its consumer: Conv
+    ``[Cout, Cin/g, k...]`` along axis 0, ConvTranspose ``[Cin, Cout/g, k...]`` g * Cout/g of them
+    (facts 1.7). Without this, a mismatch would leave the simulation on tuner's max |w| unsaid."""
+    if not n.per_channel or len(dims) < 2:
+        return
+    if user.op_type == "Conv":
+        _check_channels(n, dims)
+        return
+    if user.op_type == "ConvTranspose":
+        group = next((a.i for a in user.proto.attribute if a.name == "group"), 1) or 1
+        if len(n.thresholds) != dims[1] * group:
+            raise TunerError(f"HzCalibration node {n.name!r}: {len(n.thresholds)} per-channel weight thresholds, but "
+                             f"ConvTranspose {user.name!r} has {dims[1] * group} output channels in the YAML's model; "
+                             "is this the calibrated model of this YAML's onnx_model?")
+
+
 def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None = None) -> MappedThresholds:
     """Address every calibration node to tuner's graph (:class:`tuner.graph.Graph`).
 
@@ -286,8 +303,8 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
             consumer = r.nodes[0] if r is not None and r.nodes else None
         if consumer is not None:
             user = graph.by_name.get(consumer)
-            if user is not None and user.op_type == "Conv" and n.tensor in graph.initializers:
-                _check_channels(n, tuple(graph.initializers[n.tensor].dims))   # [Cout, Cin/g, k...], axis 0
+            if user is not None and n.tensor in graph.initializers:
+                _check_weight_channels(n, user, tuple(graph.initializers[n.tensor].dims))
             weights[consumer] = n
         elif n.tensor in known_onnx or (n.consumer is not None and n.consumer in known_onnx):
             unmapped.append(Unmapped(n, f"weight {n.tensor!r}: its consumer is not in the graph tuner calibrates"))
