@@ -1,6 +1,7 @@
 """calibration_type default and mix chosen as hb_mapper chooses them (tuner.simulate.calibrate)."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -43,9 +44,10 @@ def example(tmp_path_factory):
 
 def own_score(ws, method: Calibration, sample: dict) -> float:
     """The documented score, computed here from the simulated and float outputs of one sample:
-    per-output cosine dot / (|a| |b|), mean over outputs."""
+    per-output cosine dot / (|a| |b|), mean over outputs; a per-channel method on the comparison's
+    plain per-channel model (hb_quantizer_facts 1.5)."""
     names = ws.model.output_names
-    sim, ref = ws.simulator.tensors(Candidate.make(method), names, sample)
+    sim, ref = ws.simulator.tensors(Candidate.make(method), names, sample, plain=method.per_channel)
     cos = [float(np.dot(ref[o].ravel().astype(np.float64), sim[o].ravel().astype(np.float64))
                  / (np.linalg.norm(ref[o].astype(np.float64)) * np.linalg.norm(sim[o].astype(np.float64))))
            for o in names]
@@ -158,18 +160,43 @@ def test_the_score_reads_only_the_first_calibration_sample(tiny, tmp_path):
     assert scores(None) == base        # without calibration data: the first evaluation sample (here the same file)
 
 
-def test_a_tie_goes_to_the_alphabetically_first_method(tmp_path):
-    """The reciprocal model: per-tensor methods fail, so all 12 are scored; per_channel changes
-    nothing there (no Conv reads the tensor, tuner.simulate.scales), so each per-channel variant
-    ties with its per-tensor twin, and the tie goes to the alphabetically first method string."""
+def test_default_compares_per_channel_methods_as_plain_per_channel_fake_quant(tmp_path):
+    """hb_quantizer_facts 1.5: default's comparison runs a per-channel method without equalization,
+    as plain per-channel fake quant on every calibration node. On the reciprocal model (x -> Relu ->
+    Reciprocal, channel 0 ~0.005 and channel 1 ~50) that rescues channel 0, so a per-channel method
+    wins the comparison, though deployed it changes nothing (no Conv reads the tensor): what
+    hb_mapper selects and what it deploys differ, as on the real tool. The score is checked
+    against numpy's per-channel fake quant of the first calibration sample."""
     ws = Workspace.open(write_reciprocal_project(tmp_path / "r"))
-    choice = ws.simulator.choice(Candidate.make(Calibration("default")))
+    sim = ws.simulator
+    choice = sim.choice(Candidate.make(Calibration("default")))
     scores = dict(choice.scores)
-    assert len(scores) == 12
+    assert len(scores) == 12 and max(scores[m] for m in PER_TENSOR_METHODS) < SIMILARITY_TARGET
+
+    x = next(iter(ws.calibration_data))["x"].astype(np.float64)
+
+    def fq(v, t):   # symmetric int8 per channel (axis 1), threshold t[c]
+        s = (np.asarray(t, np.float64) / 127.0).reshape(1, -1, 1, 1)
+        return np.clip(np.round(v / s), -128, 127) * s
+
+    t_x = ws.stats["x"].channel_absmax.astype(np.float64)
+    t_y = ws.stats["y"].channel_absmax.astype(np.float64)
+    y_sim = fq(1.0 / fq(np.maximum(x, 0.0), t_x), t_y)
+    y_ref = 1.0 / np.maximum(x, 0.0)
+    want = float(np.dot(y_ref.ravel(), y_sim.ravel()) / (np.linalg.norm(y_ref) * np.linalg.norm(y_sim)))
+    assert scores[Calibration("max", per_channel=True)] == pytest.approx(want, abs=1e-6)
+    assert scores[Calibration("max", per_channel=True)] > scores[Calibration("max")] + 0.005
+
+    # the winner is a per-channel method, chosen by the rank (ties: alphabetically first string) ...
+    assert choice.method.per_channel and choice.method == rank(scores)[0]
     top = max(scores.values())
     tied = sorted((m for m in scores if scores[m] == top), key=lambda m: m.describe())
-    assert len(tied) >= 2 and choice.method == tied[0]
-    assert scores[Calibration("kl", per_channel=True)] == scores[Calibration("kl")]
+    assert choice.method == tied[0]
+    # ... and deployed it is its per-tensor twin: per-channel scales reach only a Conv's input
+    ev = sim.evaluate(Candidate.make(Calibration("default")))
+    twin = sim.evaluate(Candidate.make(replace(choice.method, per_channel=False)))
+    assert ev.calibration == choice.method and ev.outputs == twin.outputs
+    assert ev.mean_cosine < scores[choice.method] - 0.005
 
 
 def test_search_cosine_is_the_model_wise_one():

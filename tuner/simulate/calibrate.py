@@ -19,9 +19,11 @@ over samples, then over outputs; on ``calibration_dataset.get_data()``.
 That the data are the *first* ``DEFAULT_SEARCH_SAMPLES = 1`` calibration sample is **inferred**
 (strongly, facts 2.2): the type hint of ``get_data`` is one array per input, the same call feeds
 the one-shot forward of the final report, and the docs say the search uses the first sample.
-Not followed: horizon_nn scores a per-channel method with plain per-channel fake quantization, not
-the equalization it deploys (facts 1.5); tuner's score is the deployed arithmetic (a close call may
-differ). Ties keep the alphabetical order of the method strings (``kl...`` < ``max`` < ``max-percentile...``
+A per-channel method is scored as horizon_nn scores it [facts 1.5: "during default's comparison
+the per-channel candidates are evaluated without equalization"]: plain per-channel fake quant on
+every calibration node and unscaled max-calibrated weights (``qdq.build_sim_model(...,
+plain_per_channel=True)``), not the equalization it deploys, so the method chosen can deploy worse
+than it scored. Ties keep the alphabetical order of the method strings (``kl...`` < ``max`` < ``max-percentile...``
 < ``max:...``); NaN scores go last.
 
 ``mix`` [facts 2.3; src 24273942193 MixCalibrater]: the base is the best of the three stage-1

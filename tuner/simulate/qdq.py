@@ -224,8 +224,14 @@ def _quant_point(tensor: str, dtype: str, src: str, s: Scale, memo: dict[Any, An
 def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: Scales,
                     weights: WeightCache, extra_outputs: list[str] | None = None,
                     external: ExternalWeights | None = None, memo: dict[Any, Any] | None = None,
-                    fused: bool = False) -> onnx.ModelProto:
+                    fused: bool = False, plain_per_channel: bool = False) -> onnx.ModelProto:
     """The simulated model of ``plan``; ``extra_outputs`` exposes intermediate tensors (for per-node tables).
+
+    ``plain_per_channel``: the model ``default``'s comparison scores a per-channel method on
+    (hb_quantizer_facts 1.5: "during default's comparison the per-channel candidates are evaluated
+    without equalization"): every quantization point with channel thresholds fake-quantizes per
+    channel (axis 1) and dequantizes per channel, and weights are max-calibrated unscaled. The
+    deployed model (the default, False) has channel scales only in front of a Conv, by equalization.
 
     ``memo`` (a dict kept by the caller across builds of one model) reuses the Q/DQ node and scale
     protos and quantized biases of earlier builds: they depend only on the values in the key.
@@ -241,6 +247,10 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         if key in made:
             return made[key]
         s = scales.get(plan.scale_of.get(tensor, tensor), dtype, channel)
+        if s.axis is not None and plain_per_channel:
+            shape = graph.shapes.get(tensor)   # a scale lent by another tensor (scale_of) must fit this one
+            if shape is None or len(shape) < 2 or shape[1] != np.size(s.scale):
+                s = scales.get(plan.scale_of.get(tensor, tensor), dtype, False)
         if s.axis is None and channel:   # per-tensor after all: share the per-tensor point
             made[key] = quantized(tensor, dtype, source)
             return made[key]
@@ -271,14 +281,15 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     weighted = set(plan.weights)
     # per_channel activation scales only on the data input of a (weighted, BPU) Conv: hb_mapper
     # deploys them by equalizing that Conv's weights (tuner.simulate.scales).
-    equalized = {node for (node, k) in plan.edges if k == 0 and node in weighted
-                 and graph.by_name[node].op_type == "Conv"}
+    equalized = set() if plain_per_channel else {node for (node, k) in plan.edges if k == 0 and node in weighted
+                                                  and graph.by_name[node].op_type == "Conv"}
+    every = plain_per_channel
     for (node, k), (tensor, dtype) in plan.edges.items():
-        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=k == 0 and node in equalized)
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=every or (k == 0 and node in equalized))
     for (node, k), (tensor, dtype) in plan.cpu_reads.items():
-        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor))
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=every)
 
-    out_dq = {out: quantized(out, dtype, raw[out]) for out, dtype in plan.outputs.items()}
+    out_dq = {out: quantized(out, dtype, raw[out], channel=every) for out, dtype in plan.outputs.items()}
 
     weight_names: set[str] = set()
     # Emitted in topological order: graph inputs' Q/DQ first, each node followed by the Q/DQ

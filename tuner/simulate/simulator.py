@@ -244,7 +244,8 @@ class Simulator:
         """The model-wise score of ``candidate`` under ``method`` (tuner.simulate.calibrate.search_score)."""
         samples, refs = self._search_set()
         plan = self.plan(candidate)
-        session = self._session(candidate.with_calibration(method), method, plan, [])
+        # a per-channel method is compared as plain per-channel fake quant, not as deployed (facts 1.5)
+        session = self._session(candidate.with_calibration(method), method, plan, [], plain=method.per_channel)
         names = self.model.output_names
         outs = [dict(zip(names, session.run(names, x))) for x in samples]
         self.search_evaluations += 1
@@ -279,27 +280,29 @@ class Simulator:
         ev.seconds = time.perf_counter() - t0
         return ev
 
-    def tensors(self, candidate: Candidate, names: list[str],
-                sample: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """(simulated, float) values of ``names`` on one sample: for debugging and tests."""
+    def tensors(self, candidate: Candidate, names: list[str], sample: dict[str, np.ndarray],
+                plain: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(simulated, float) values of ``names`` on one sample: for debugging and tests. ``plain``:
+        in default's comparison model of a per-channel method (qdq.build_sim_model)."""
         calibration, _ = self.resolve(candidate)
         plan = self.plan(candidate)
         raw = {t: f"{t}__raw" for t in plan.outputs}
-        session = self._session(candidate, calibration, plan, list(names))
+        session = self._session(candidate, calibration, plan, list(names), plain=plain)
         sim_names = [raw.get(t, t) if t not in self.model.output_names else t for t in names]
         sim = dict(zip(names, session.run(sim_names, sample)))
         ref = make_session(with_outputs(self.model.proto, list(names))).run(list(names), sample)
         return sim, dict(zip(names, ref))
 
     def _session(self, candidate: Candidate, calibration: Resolved, plan: Plan,
-                 extra: list[str]) -> ort.InferenceSession:
-        key = (candidate.nodes, candidate.optimization, calibration, tuple(extra))
+                 extra: list[str], plain: bool = False) -> ort.InferenceSession:
+        """``plain``: default's comparison model of a per-channel method (qdq.build_sim_model)."""
+        key = (candidate.nodes, candidate.optimization, calibration, tuple(extra), plain)
         if key in self._sessions:
             self._sessions.move_to_end(key)
             return self._sessions[key]
         proto = build_sim_model(self.model.proto, self.graph, self.target, plan, self.scales(calibration),
                                 self.weights, extra_outputs=extra, external=self.external, memo=self._build_memo,
-                                fused=self.fused)
+                                fused=self.fused, plain_per_channel=plain)
         session = make_session(proto, external=self.external)
         self.session_builds += 1
         self._sessions[key] = session
