@@ -208,7 +208,8 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
         lines.append(score_line(f"hb {ctype} (all BPU int8)", s, goal, task_name, "1", res.seconds,
                                 f"calibration {s.calibration}" if ctype == "default" else ""))
         calibrations[Calibration(ctype)] = s.accuracy
-    best_cal = max(calibrations, key=lambda c: calibrations[c])
+    # on a tie (default chose max, say) the explicit method: what a user writes once they know it
+    best_cal = max(calibrations, key=lambda c: (calibrations[c], c.type != "default"))
 
     # 2. greedy revert, ranked by the leave-one-float gains the study computed (its cost: n_sens)
     g = greedy_revert(resolved, scorer, goal, best_cal, tuner_search.sensitivity, sensitivity_evaluations=n_sens)
