@@ -90,6 +90,16 @@ def test_the_search_stops_after_stage_1_only_when_its_best_reaches_the_target():
                            "method.", "Perchannel quantization is enabled.", "Asymmetric quantization is enabled."]
 
 
+def test_a_comparison_that_decides_nothing_says_so():
+    """Every method 0 (PP-OCR's detector on a first photo without text: the float output is ~0, the
+    int8 one 0): hb's tie rule picks kl; the notes say the scores decided nothing and what to do."""
+    flat = choose_default(lambda m: 0.0)
+    assert flat.undecided and flat.method == Calibration("kl")
+    assert any("every method scored 0 on the first calibration sample" in n for n in flat.notes())
+    mixed = choose_default(lambda m: 0.9 if m.per_channel else 0.5)
+    assert not mixed.undecided and not any("every method" in n for n in mixed.notes())
+
+
 def test_stage_1_reaching_0995_evaluates_no_per_channel_or_asymmetric_method(tiny):
     """The tiny model: per-tensor max scores 0.9992 >= 0.995 on its first calibration sample."""
     sim = tiny.simulator

@@ -126,7 +126,19 @@ class DefaultChoice:
             notes.append("Perchannel quantization is enabled.")
         if self.method.asymmetric:
             notes.append("Asymmetric quantization is enabled.")
+        if self.undecided:
+            notes.append(f"default calibration: every method scored {self.scores[0][1]:.6g} on the first calibration "
+                         "sample, so the choice fell to the alphabetical tie rule; hb_mapper compares on that one "
+                         "sample too: put a representative sample first (files are read in name order), or name "
+                         "the method (calibration_type: max or kl)")
         return notes
+
+    @property
+    def undecided(self) -> bool:
+        """Every evaluated method scored the same (e.g. 0: the float output is ~0 on the first
+        calibration sample, an image with nothing to detect), so the scores decided nothing."""
+        values = [v for _, v in self.scores]
+        return len(values) > 1 and all(v == values[0] for v in values)
 
 
 def choose_default(score: Callable[[Calibration], float], target: float = SIMILARITY_TARGET) -> DefaultChoice:
