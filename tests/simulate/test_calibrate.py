@@ -310,3 +310,26 @@ def test_eval_shows_the_mix_choice_and_its_merge_info(mixp):
     info = {row["node"]: row for row in data["merge_info"]}
     assert info["u"]["selected"] == info["au"]["selected"] == "max-percentile:percentile=0.99995"
     assert len(data["ranking"]) == 3 and data["base"]["method"] == data["ranking"][0]["method"]
+
+
+def test_eval_shows_defaults_comparison(example, capsys):
+    """`tuner eval` on a default YAML prints every method default compared, with its score, and
+    marks the one selected; --json carries the same list. The scores are the simulator's own."""
+    import json
+
+    from tuner.cli import main
+
+    cfg = example.config.path
+    assert main(["eval", str(cfg), "--no-nodes"]) == 0
+    out = capsys.readouterr().out
+    choice = example.simulator.choice(example.base_candidate())
+    chosen = next(line for line in out.splitlines() if line.endswith("<< selected"))
+    assert chosen.split()[0] == choice.method.describe()
+    assert sum(1 for line in out.splitlines() if line.split() and line.split()[0] in
+               {m.describe() for m in DEFAULT_METHODS}) == len(choice.scores)
+    assert main(["eval", str(cfg), "--no-nodes", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["default_comparison"]
+    assert [(r["method"], r["score"]) for r in rows] == [(m.describe(), v) for m, v in choice.scores]
+    tiny_cfg = write_tiny_project(example.config.path.parent.parent / "tiny-max")   # calibration max: none
+    assert main(["eval", str(tiny_cfg), "--no-nodes", "--json"]) == 0
+    assert "default_comparison" not in json.loads(capsys.readouterr().out)

@@ -64,6 +64,14 @@ def run(args: argparse.Namespace) -> int:
     if ws.real_thresholds is not None:
         # the plan's counts (summary line) are the YAML's; hb_mapper's qtypes are what is simulated
         info["real_qtypes"] = real_qtype_counts(ws.real_thresholds)
+    elif ev.candidate.calibration.type == "default":
+        # hb_mapper's model-wise comparison, every method it evaluated, in its order (the log has
+        # only the Select line): why default chose what it chose
+        from tuner.simulate.calibrate import DefaultChoice
+
+        choice = ws.simulator.choice(ev.candidate)
+        if isinstance(choice, DefaultChoice):
+            info["default_comparison"] = [{"method": m.describe(), "score": v} for m, v in choice.scores]
     if args.json:
         if args.trace:
             info["trace"] = text.accumulated_rows(ev, ws.graph)
@@ -90,6 +98,16 @@ def run(args: argparse.Namespace) -> int:
               "(the node counts above are the YAML's own plan)")
     for note in ev.notes:
         print(f"note: {note}")
+    if "default_comparison" in info:
+        from tuner.console import table
+
+        chosen = ev.calibration.describe()
+        rows = [[r["method"], f"{r['score']:.6f}", "<< selected" if r["method"] == chosen else ""]
+                for r in info["default_comparison"]]
+        print()
+        print("default's comparison (model-wise output cosine on the first calibration sample; per-channel "
+              "methods as plain per-channel fake quant)")
+        print(table(["Method", "Score", ""], rows))
     merge = text.merge_info_table(ev)
     if merge:
         print()
