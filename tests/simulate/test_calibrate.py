@@ -98,6 +98,8 @@ def test_a_comparison_that_decides_nothing_says_so():
     assert any("every method scored 0 on the first calibration sample" in n for n in flat.notes())
     mixed = choose_default(lambda m: 0.9 if m.per_channel else 0.5)
     assert not mixed.undecided and not any("every method" in n for n in mixed.notes())
+    alike = choose_default(lambda m: 0.9993)     # stage 1 reaches the target with three equal scores
+    assert alike.stopped_at_stage1 and not alike.undecided
 
 
 def test_stage_1_reaching_0995_evaluates_no_per_channel_or_asymmetric_method(tiny):

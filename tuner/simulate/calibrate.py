@@ -135,10 +135,11 @@ class DefaultChoice:
 
     @property
     def undecided(self) -> bool:
-        """Every evaluated method scored the same (e.g. 0: the float output is ~0 on the first
-        calibration sample, an image with nothing to detect), so the scores decided nothing."""
+        """All 12 methods scored the same (e.g. 0: the float output is ~0 on the first calibration
+        sample, an image with nothing to detect), so the scores decided nothing. Three stage-1
+        methods that tie at or above the target are no such case: they reached it alike."""
         values = [v for _, v in self.scores]
-        return len(values) > 1 and all(v == values[0] for v in values)
+        return not self.stopped_at_stage1 and all(v == values[0] for v in values)
 
 
 def choose_default(score: Callable[[Calibration], float], target: float = SIMILARITY_TARGET) -> DefaultChoice:
