@@ -174,6 +174,7 @@ def print_summary(study: Any, paths: Any) -> None:
     """Trial counts, the Pareto front (the best marked), the best's constraints, what nothing
     feasible leaves, and where the results are: :func:`tuner.study.status.study_status` rendered."""
     from tuner.console import table
+    from tuner.study.record import binding
     from tuner.study.results import front_table, latency_ratio, margins
     from tuner.study.status import study_status
 
@@ -189,7 +190,7 @@ def print_summary(study: Any, paths: Any) -> None:
             if ms or ratio is not None:
                 print(f"\nbest (trial {b.number})" + (f": {ratio:.2f}x the all-int8 plan's modeled latency"
                                                      if ratio is not None else "") + (":" if ms else ""))
-                bind = min(ms, key=lambda m: m.relative) if ms else None
+                bind = binding(ms)
                 for m in ms:
                     print(f"  {m.text()}" + ("   <- binds" if m is bind and len(ms) > 1 else ""))
             if vals:

@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner import __version__
 from tuner.export.hb_yaml import write_atomic
 from tuner.study import results
-from tuner.study.record import TrialRecord
+from tuner.study.record import TrialRecord, binding
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.toolchain.records import RealRecord
 
@@ -369,9 +369,9 @@ def render(snap: ReportSnapshot) -> str:
                 notes.append(f"validation: the front and the best re-scored on {v.samples} sample(s) the search did "
                              f"not select on ({v.metric}); best.yaml holds trial {best.number}")
         objectives = info.objectives
-        if best is not None and results.margins(best, objectives):
-            ms = results.margins(best, objectives)
-            bind = min(ms, key=lambda m: m.relative)
+        ms = results.margins(best, objectives) if best is not None else []
+        if best is not None and ms:
+            bind = binding(ms)
             section("Constraints", _table(
                 ["constraint", "limit", f"trial {best.number}", "margin", ""],
                 [[m.name, "--" if m.limit is None else f"{m.limit:.6g}", "--" if m.value is None else f"{m.value:.6g}",

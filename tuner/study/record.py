@@ -235,6 +235,11 @@ class Margin:
         return f"{self.name} (limit {lim}): {v}, margin {self.margin:+.3g}"
 
 
+def binding(ms: list[Margin]) -> Margin | None:
+    """The constraint with the least room (relative to its limit), or None without constraints."""
+    return min(ms, key=lambda m: m.relative) if ms else None
+
+
 @dataclass(frozen=True)
 class Objectives:
     """The space's ``objectives`` section: what is optimised and what is feasible."""
@@ -314,11 +319,6 @@ class Objectives:
             value = (metrics or {}).get(c.metric)
             out.append(Margin(c.name, value, c.limit(fv), -c.violation(value, fv)))
         return out
-
-    def binding(self, accuracy: float, latency_ms: float, metrics: Mapping[str, float] | None = None) -> Margin | None:
-        """The constraint with the least room (relative to its limit), or None without constraints."""
-        ms = self.margins(accuracy, latency_ms, metrics)
-        return min(ms, key=lambda m: m.relative) if ms else None
 
     def directions(self) -> list[Direction]:
         by_mode: dict[str, list[Direction]] = {"pareto": ["maximize", "minimize"], "accuracy": ["maximize"],

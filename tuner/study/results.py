@@ -14,7 +14,17 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.candidate import Candidate
-from tuner.study.record import RECORD, STUDY_ATTR, Counts, Direction, Margin, Objectives, StudyInfo, TrialRecord  # noqa: F401  (RECORD: re-exported, its old home)
+from tuner.study.record import (  # noqa: F401  (RECORD: re-exported, its old home)
+    RECORD,
+    STUDY_ATTR,
+    Counts,
+    Direction,
+    Margin,
+    Objectives,
+    StudyInfo,
+    TrialRecord,
+    binding,
+)
 
 if TYPE_CHECKING:
     from tuner.simulate import Evaluation
@@ -116,7 +126,7 @@ def margin_comments(r: Row, objectives: Objectives) -> tuple[str, ...]:
     ms = margins(r, objectives)
     if not ms:
         return ()
-    bind = min(ms, key=lambda m: m.relative)
+    bind = binding(ms)
     return tuple(f"constraint {m.text()}" + ("  <- binds" if m is bind and len(ms) > 1 else "") for m in ms)
 
 

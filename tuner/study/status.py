@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from tuner.files import jsonable
 from tuner.study import results
-from tuner.study.record import StudyInfo
+from tuner.study.record import StudyInfo, binding
 from tuner.study.storage import StudyPaths, study_info
 from tuner.study.validation import Validation, choose_best, stored
 from tuner.toolchain.records import real_records
@@ -53,7 +53,7 @@ class StudyStatus:
         v = self.validations.get(r.number)
         o = self.info.objectives
         ms = results.margins(r, o)
-        bind = min(ms, key=lambda m: m.relative) if ms else None
+        bind = binding(ms)
         return {**row_json(r), "latency_ratio": results.latency_ratio(r, o),
                 "constraints": [{"name": m.name, "value": m.value, "limit": m.limit, "margin": m.margin,
                                  "binds": m is bind} for m in ms],
