@@ -411,9 +411,15 @@ class StudySession:
         """The report's view of ``study``. ``full``: with the per-node traces, evaluated on the
         simulator when not cached; else (mid-run, the trial loop is using the simulator) only
         the traces already cached, and the page says where the others are drawn."""
-        snap = snapshot(study, self.paths, self._where(), self.sensitivity,
-                        lambda rs, best: self.traces(rs, evaluate=full, best=best))
-        if not full and snap.rows and len(snap.traces) < len(self._trace_candidates(snap.rows)):
+        skipped = 0
+
+        def draw(rs: list[results.Row], best: results.Row | None) -> list[Trace]:
+            nonlocal skipped
+            drawn, skipped = self._draw_traces(rs, full, best)
+            return drawn
+
+        snap = snapshot(study, self.paths, self._where(), self.sensitivity, draw)
+        if not full and snap.rows and skipped:
             snap.notes.append("the per-node error along the graph is drawn at the end of the search and by "
                               f"'tuner report {self.name}' (it needs the simulator, which the search is using)")
         snap.simplest = self.last_simplest
@@ -443,15 +449,21 @@ class StudySession:
         caller knows it) and the all-int8 baseline (two evaluations with every node's output; cached
         by candidate, so a rewrite that does not change the best costs nothing). ``evaluate=False``:
         only the cached ones."""
-        out = []
+        return self._draw_traces(rs, evaluate, best)[0]
+
+    def _draw_traces(self, rs: list[results.Row], evaluate: bool,
+                     best: results.Row | None) -> tuple[list[Trace], int]:
+        """(the traces, how many were skipped as not cached): see :meth:`traces`."""
+        out, skipped = [], 0
         for label, number, cand in self._trace_candidates(rs, best):
             key = cand.key()
             if key not in self._traces:
                 if not evaluate:
+                    skipped += 1
                     continue
                 self._traces[key] = self.ws.simulator.evaluate(cand, per_node=True)
             out.append(Trace.from_evaluation(label, number, self._traces[key]))
-        return out
+        return out, skipped
 
     # ---------------------------------------------------------------- the simplest fix
     @property
