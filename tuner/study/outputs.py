@@ -48,8 +48,8 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
              notes: list[str] | tuple[str, ...] = ()) -> ReportSnapshot:
     """The report's view of ``study``; ``traces`` (given the rows and best.yaml's trial) when a
     simulator is at hand."""
-    rs = results.rows(study)
     info = study_info(study)
+    rs = results.rows(study, info.objectives)
     vals = stored(study)
     chosen, _ = choose_best(rs, vals, info.objectives)
     return ReportSnapshot(name=study.study_name, info=info, storage=storage,
@@ -147,7 +147,6 @@ class ResultFiles:
         :func:`tuner.study.validation.choose_best`."""
         self.paths, self.objectives, self.export, self.validate = paths, objectives, export, validate
         self.vals: dict[int, Validation] = {}
-        self.chosen_by = "eval"
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
         self._last_front: list[tuple[float, float]] = []
         self._last_best: results.Row | None = None
@@ -199,12 +198,12 @@ class ResultFiles:
         comments: tuple[str, ...] = ()
         if force and self.validate is not None and front:
             self.vals = self.validate(study, list({r.number: r for r in front + ([best] if best else [])}.values()))
-            best, self.chosen_by = choose_best(rows, self.vals, self.objectives)
+            best, chosen_by = choose_best(rows, self.vals, self.objectives)
             v = self.vals.get(best.number) if best is not None else None
             if v is not None:
                 comments = (f"validation ({v.samples} sample(s) the search did not select on): {v.metric} "
                             f"{v.accuracy:.6f}, worst sample {v.worst_sample:.6f}; chosen by the "
-                            f"{self.chosen_by} figure",)
+                            f"{chosen_by} figure",)
         self._last_front = [(r.accuracy, r.latency_ms) for r in front]
         self._last_best = best
         state = (best.number if best else None, tuple(r.number for r in front))
