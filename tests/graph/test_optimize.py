@@ -429,3 +429,19 @@ def test_a_search_space_may_name_nodes_by_their_onnx_names(tmp_path, target):
     with pytest.raises(TunerError, match="'/blk/Div' .*Div split into Reciprocal \\+ Mul; name '/blk/Div_reciprocal', "
                                          "'/blk/Div_mul' instead"):
         graph.node("/blk/Div")
+
+
+def test_softmax_part_inputs_are_how_softmax_parts_wires_them():
+    """The per-node trace reads a BPU Softmax's rows by SOFTMAX_PART_INPUTS: it must be the wiring
+    softmax_parts builds (each part's activation inputs: the Softmax's input or another part)."""
+    from tuner.graph.softmax import SOFTMAX_PART_INPUTS, SOFTMAX_PARTS, softmax_part, softmax_parts
+
+    for opset in (11, 13):
+        node = helper.make_node("Softmax", ["x"], ["y"], name="/sm", axis=-1)
+        parts, inits = softmax_parts(node, 4, opset)
+        made = {o: p.name for p in parts for o in p.output}
+        consts = {t.name for t in inits}
+        for part in parts:
+            reads = tuple("x" if t == "x" else next(q for q in SOFTMAX_PARTS if softmax_part("/sm", q) == made[t])
+                          for t in part.input if t not in consts)
+            assert SOFTMAX_PART_INPUTS[next(q for q in SOFTMAX_PARTS if softmax_part("/sm", q) == part.name)] == reads

@@ -16,6 +16,9 @@ from onnx import helper, numpy_helper
 
 #: hb_mapper's parts of a BPU Softmax, in order (real 1.24.3 log, hb_quantizer_facts section 5).
 SOFTMAX_PARTS = ("reducemax", "sub", "exp", "reducesum", "reciprocal", "mul")
+#: What each part reads: other parts, or ``"x"`` (the Softmax's input), as :func:`softmax_parts` wires them.
+SOFTMAX_PART_INPUTS = {"reducemax": ("x",), "sub": ("x", "reducemax"), "exp": ("sub",), "reducesum": ("exp",),
+                       "reciprocal": ("reducesum",), "mul": ("exp", "reciprocal")}
 
 
 def softmax_part(node_name: str, part: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tuner.candidate import Calibration
 from tuner.console import table
-from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part
+from tuner.graph.softmax import SOFTMAX_PART_INPUTS, SOFTMAX_PARTS, softmax_part
 from tuner.simulate import Evaluation, Resolved
 from tuner.simulate.calibrate import MixedCalibration
 from tuner.simulate.realscales import RealCalibration
@@ -44,11 +44,6 @@ def accumulated_rows(ev: Evaluation, graph) -> list[dict[str, Any]]:
     return out
 
 
-#: A BPU Softmax's rows are its six parts (tuner.graph.softmax): part -> the parts it reads.
-_PART_INPUTS = {"sub": ("reducemax",), "exp": ("sub",), "reducesum": ("exp",), "reciprocal": ("reducesum",),
-                "mul": ("exp", "reciprocal")}
-
-
 def _row_inputs(name: str, graph, rows: dict) -> list[str]:
     """The rows a row reads: its producers' rows (a BPU Softmax's is its last part, ``..._mul``), and
     for a part of a BPU Softmax, the parts before it (the graph holds one Softmax node, not its parts)."""
@@ -65,8 +60,8 @@ def _row_inputs(name: str, graph, rows: dict) -> list[str]:
         suffix = softmax_part("", part)
         if name.endswith(suffix) and name[: -len(suffix)] in graph.by_name:
             softmax = name[: -len(suffix)]
-            own = [softmax_part(softmax, q) for q in _PART_INPUTS.get(part, ())]
-            return (row_of(graph.by_name[softmax].inputs[0]) if part in ("reducemax", "sub") else []) + own
+            return [n for q in SOFTMAX_PART_INPUTS[part]
+                    for n in (row_of(graph.by_name[softmax].inputs[0]) if q == "x" else [softmax_part(softmax, q)])]
     return []
 
 
