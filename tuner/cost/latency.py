@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
 import yaml
 
 from tuner.errors import TunerError
@@ -50,13 +49,6 @@ def _numel(shape) -> int:
     return int(math.prod(shape))
 
 
-def _attr(node: Node, name: str, default):
-    for a in node.proto.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
 def node_macs(graph: Graph, node: Node) -> int:
     """Multiply-accumulates of one node (elementwise ops count one per output element)."""
     out = _numel(graph.shapes.get(node.outputs[0])) if node.outputs else 0
@@ -71,11 +63,11 @@ def node_macs(graph: Graph, node: Node) -> int:
     if node.op_type in ("Gemm", "MatMul") and node.inputs:
         a = graph.shapes.get(node.inputs[0])
         if a and a[-1] is not None:
-            k = a[0] if node.op_type == "Gemm" and _attr(node, "transA", 0) else a[-1]
+            k = a[0] if node.op_type == "Gemm" and node.attr("transA", 0) else a[-1]
             if k is not None:
                 return out * k
     if node.op_type in ("AveragePool", "MaxPool"):
-        return out * math.prod(_attr(node, "kernel_shape", [1]))
+        return out * math.prod(node.attr("kernel_shape", [1]))
     if node.op_type.startswith("Reduce") or node.op_type.startswith("Global") or node.op_type == "Softmax":
         return _numel(graph.shapes.get(node.inputs[0])) if node.inputs else out
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
@@ -64,6 +65,13 @@ class Node:
     outputs: list[str]
     index: int
     proto: onnx.NodeProto = field(repr=False)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The value of the node's attribute ``name`` (onnx.helper.get_attribute_value), else ``default``."""
+        for a in self.proto.attribute:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
 
 
 class Graph:

@@ -254,7 +254,7 @@ def _check_weight_channels(n: HzNode, user: Node, dims: tuple[int, ...]) -> None
         _check_channels(n, dims)
         return
     if user.op_type == "ConvTranspose":
-        group = next((a.i for a in user.proto.attribute if a.name == "group"), 1) or 1
+        group = int(user.attr("group", 1)) or 1
         if len(n.thresholds) != dims[1] * group:
             raise TunerError(f"HzCalibration node {n.name!r}: {len(n.thresholds)} per-channel weight thresholds, but "
                              f"ConvTranspose {user.name!r} has {dims[1] * group} output channels in the YAML's model; "

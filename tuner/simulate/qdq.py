@@ -19,7 +19,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from tuner.graph import Graph, Target
+from tuner.graph import Graph, Node, Target
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
 from tuner.simulate.plan import Plan
@@ -100,11 +100,9 @@ def grouped_deconv_weight(w: np.ndarray, group: int) -> tuple[np.ndarray, np.nda
     return fq, scale.reshape(-1)
 
 
-def deconv_group(node: onnx.NodeProto, op_type: str) -> int:
+def deconv_group(node: Node) -> int:
     """The group of a ConvTranspose (1 for every other op)."""
-    if op_type != "ConvTranspose":
-        return 1
-    return next((a.i for a in node.attribute if a.name == "group"), 1)
+    return int(node.attr("group", 1)) if node.op_type == "ConvTranspose" else 1
 
 
 class WeightCache:
@@ -344,7 +342,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                 w_thr = None
             if s_in is not None and s_in.axis is not None:
                 ratio = np.asarray(s_in.scale, np.float64) / s_in.dequantize_scale
-                group = next((a.i for a in n.proto.attribute if a.name == "group"), 1)
+                group = int(n.attr("group", 1))
                 thr_bytes = w_thr.tobytes() if w_thr is not None else b""
                 eq_key = ("eq", w_init.name, group, ratio.tobytes(), thr_bytes)
                 if eq_key not in memo:
@@ -364,7 +362,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                 wq, w_scales = memo[real_key]
                 in_scale = float(s_in.scale) if s_in is not None else None
             else:
-                g = deconv_group(n.proto, n.op_type)
+                g = deconv_group(n)
                 wq, w_scales = weights.get(w_init, w_axis, g), weights.scales(w_init, w_axis, g)
                 in_scale = float(s_in.scale) if s_in is not None else None
             proto.input[idx] = wq.name

@@ -141,7 +141,7 @@ class Simulator:
                 idx, axis = target.weight_ops[node.op_type]
                 if len(node.inputs) > idx and node.inputs[idx] in self.graph.initializers:
                     self.weights.get(self.graph.initializers[node.inputs[idx]], weight_axis(node.proto, node.op_type, axis),
-                                     deconv_group(node.proto, node.op_type))
+                                     deconv_group(node))
         t0 = time.perf_counter()
         float_session = make_session(model.proto)
         names = model.output_names
