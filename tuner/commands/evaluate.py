@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.commands import args as a
 from tuner.errors import TunerError
+
+if TYPE_CHECKING:
+    from tuner.inputs.calibrated import MappedThresholds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def real_qtype_counts(real: Any) -> dict[str, int]:
+def real_qtype_counts(real: MappedThresholds) -> dict[str, int]:
     """Activation tensors hb_mapper's calibrated model rounds, by qtype (int8, int16, uint8)."""
     counts: dict[str, int] = {}
     for nodes in real.activations.values():

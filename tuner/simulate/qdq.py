@@ -281,13 +281,13 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     # deploys them by equalizing that Conv's weights (tuner.simulate.scales).
     equalized = set() if plain_per_channel else {node for (node, k) in plan.edges if k == 0 and node in weighted
                                                   and graph.by_name[node].op_type == "Conv"}
-    every = plain_per_channel
     for (node, k), (tensor, dtype) in plan.edges.items():
-        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=every or (k == 0 and node in equalized))
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor),
+                                         channel=plain_per_channel or (k == 0 and node in equalized))
     for (node, k), (tensor, dtype) in plan.cpu_reads.items():
-        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=every)
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=plain_per_channel)
 
-    out_dq = {out: quantized(out, dtype, raw[out], channel=every) for out, dtype in plan.outputs.items()}
+    out_dq = {out: quantized(out, dtype, raw[out], channel=plain_per_channel) for out, dtype in plan.outputs.items()}
 
     weight_names: set[str] = set()
     # Emitted in topological order: graph inputs' Q/DQ first, each node followed by the Q/DQ
