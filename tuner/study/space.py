@@ -83,7 +83,7 @@ class SearchSpace:
     settings: StudySettings
     profile: Path | None = None
     thresholds: Path | None = None     # hb_mapper's calibrated model: real thresholds for every trial
-    validation_data: list[Path] | None = None   # re-score the winners here (None: see validation_folders)
+    validation_data: list[Path] | None = None   # re-score the winners here (None: see validation.validation_data)
 
     # The sections as the file has them (for display and stored studies); code reads the typed ones.
     @property
