@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.commands import data, evaluate, nodes, search, sensitivity, toolchain
+from tuner.commands import data, evaluate, nodes, real, search, sensitivity, toolchain
 
 #: The one registry: every group, in the order ``tuner --help`` lists its commands.
-GROUPS = (evaluate, nodes, data, sensitivity, search, toolchain)
+GROUPS = (evaluate, nodes, data, sensitivity, search, toolchain, real)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

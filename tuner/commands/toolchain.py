@@ -106,7 +106,7 @@ def import_log(args: argparse.Namespace) -> int:
 def verify(args: argparse.Namespace) -> int:
     from tuner.study.loop import duration
     from tuner.study.storage import open_existing
-    from tuner.toolchain.verify import StudyContext, results_table, verify_study
+    from tuner.toolchain.verify import LocalTool, StudyContext, local_table, results_table, verify_study
 
     numbers = None
     if args.trials:
@@ -116,11 +116,22 @@ def verify(args: argparse.Namespace) -> int:
             raise TunerError(f"--trials: expected numbers separated by commas, got {args.trials!r}") from None
     if args.top is not None and args.top < 1:
         raise TunerError(f"--top: expected a positive number, got {args.top}")
+    if bool(args.local) == bool(args.command):
+        raise TunerError("give --local (the toolchain 'tuner toolchain' finds) or --command "
+                         "'hb_mapper makertbin --config {yaml} --model-type onnx' (a tool or board script of your own)")
+    local = None
+    if args.local:
+        from tuner.toolchain.hbrun import CompileKnobs
+        from tuner.toolchain.installed import require_toolchain
+
+        local = LocalTool(require_toolchain(), CompileKnobs(optimize_level=args.optimize_level, debug=True))
+    elif args.optimize_level:
+        raise TunerError("--optimize-level applies to --local runs only; write it in your command's YAML instead")
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     ctx = StudyContext(study, paths, args.threads)
     done = verify_study(ctx, args.command, top=args.top, numbers=numbers, timeout=duration(args.timeout),
-                        again=args.again, feedback=not args.no_feedback, log_name=args.log_name, say=say)
-    print(results_table(done))
+                        again=args.again, feedback=not args.no_feedback, log_name=args.log_name, say=say, local=local)
+    print(local_table(done, ctx.info.objectives) if local else results_table(done))
     added = [str(rec.feedback_trial) for _, rec in done if rec.feedback_trial is not None]
     if added:
         print(f"\nreal values added to the study as trial(s) {', '.join(added)} (the sampler learns from them)")
@@ -183,14 +194,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("verify", help="run hb_mapper (or a board script) on a study's best trials; store real figures",
                        description="For each chosen trial, export its YAML to results/<study>/verify/trial_NNNNN/ and "
-                                   "run COMMAND there ({yaml}, {dir}, {trial} are substituted). The command's "
+                                   "convert it with the toolchain installed here (--local: the real quantized model is "
+                                   "run on the study's evaluation data), or run COMMAND there ({yaml}, {dir}, "
+                                   "{trial} are substituted). The command's "
                                    "hb_mapper_makertbin.log and/or a JSON object on its last output line "
                                    "({\"accuracy\": ...}) are imported and stored on the trial; real accuracies are "
                                    "added to the study so the sampler learns from them. Exit code 1 if any trial "
                                    "failed.")
     a.study(p)
-    p.add_argument("--command", required=True,
+    p.add_argument("--command",
                    help="e.g. 'hb_mapper makertbin --config {yaml} --model-type onnx' or 'python board_eval.py {yaml}'")
+    p.add_argument("--local", action="store_true",
+                   help="convert with the toolchain installed here ('tuner toolchain'), run its quantized model on "
+                        "the study's evaluation data and score it as the simulation is scored")
+    p.add_argument("--optimize-level", choices=("O0", "O1", "O2", "O3"),
+                   help="with --local: compile at this level (O0 is fastest and gives the same quantized model; "
+                        "hbdk's latency estimate is then O0's; default: the YAML's)")
     p.add_argument("--top", type=a.positive_int, help="the K best trials (default: the whole Pareto front)")
     p.add_argument("--trials", help="these trial numbers, e.g. 12,40")
     a.timeout(p, "per trial (seconds, or 30m, 2h); the command is killed after it")

@@ -353,6 +353,33 @@ class Simulator:
             ev.nodes = self._rows(plan, calibration, node_sims)
         return ev
 
+    def score(self, outputs: list[dict[str, np.ndarray]]
+              ) -> tuple[dict[str, dict[str, float]], dict[str, float], list[dict[str, dict[str, float]]]]:
+        """Another model's outputs on this simulator's data (sample i of ``outputs`` is sample i of
+        the data), scored as :meth:`evaluate` scores its own: per output metrics pooled over the
+        samples, the task metrics, and the per-sample metrics. The real tool's quantized model is
+        compared with the simulation this way (tuner.toolchain.realrun)."""
+        if len(outputs) != len(self.reference):
+            raise ValueError(f"{len(outputs)} sample(s) of outputs for {len(self.reference)} sample(s) of data")
+        names = self.model.output_names
+        sims = {o: Similarity() for o in names}
+        task = TaskScore(self.task_metrics, self.user_fns) if self.task_metrics else None
+        samples = []
+        for i, values in enumerate(outputs):
+            missing = [o for o in names if o not in values]
+            if missing:
+                raise ValueError(f"the outputs lack {', '.join(missing)} (they have {', '.join(values)})")
+            one = {o: Similarity() for o in names}
+            for o in names:
+                got = np.asarray(values[o], dtype=np.float32).reshape(self.reference[i][o].shape)
+                one[o].update(self.reference[i][o], got, self._ref_sq[i][o])
+                sims[o].merge(one[o])
+            samples.append({o: s.as_dict() for o, s in one.items()})
+            if task is not None:
+                task.update(self.reference[i], {o: np.asarray(values[o], dtype=np.float32).reshape(
+                    self.reference[i][o].shape) for o in names}, self._label(i))
+        return {o: s.as_dict() for o, s in sims.items()}, (task.results() if task is not None else {}), samples
+
     def _float_nodes(self, extra: tuple[str, ...], softmax: bool) -> ort.InferenceSession:
         """The float model with every node's output, for per-node rows: built once per set of
         tensors (the report's two traces and the log comparisons ask for the same set)."""

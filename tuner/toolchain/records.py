@@ -33,6 +33,8 @@ STATUSES: tuple[str, ...] = ("ok", "error", "failed", "timeout", "unusable")
 _KEYS = {"board": "json"}
 # the fields a fed-back trial carries as its ``real`` user attribute
 _SUMMARY = ("status", "accuracy", "accuracy_source", "latency_ms", "output_cosine", "sim_accuracy", "when")
+# and these where set (tuner verify --local)
+_SUMMARY_SET = ("metrics", "calibrated_accuracy", "compiler_ms")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class RealRecord:
     accuracy: float | None = None               # real value comparable with ``objective``
     accuracy_source: str | None = None          # "json:<key>" or "log:<objective>"
     feedback_trial: int | None = None           # the COMPLETE trial added with the real value
+    metrics: dict[str, float] | None = None     # real values of the constraints' metrics (tuner verify --local)
+    calibrated_accuracy: float | None = None    # the objective on the tool's calibrated model (--local)
+    compiler_ms: float | None = None            # hbdk's BPU estimate summed over the subgraphs (--local)
+    local: dict[str, Any] | None = None         # tuner.toolchain.realrun.RealRun.to_json() (--local)
     extra: dict[str, Any] = field(default_factory=dict)   # keys written by another version, kept
 
     @property
@@ -81,7 +87,9 @@ class RealRecord:
 
     def summary(self) -> dict[str, Any]:
         """The short form a fed-back trial carries."""
-        return {k: jsonable(getattr(self, k)) for k in _SUMMARY}
+        out = {k: jsonable(getattr(self, k)) for k in _SUMMARY}
+        out.update({k: jsonable(getattr(self, k)) for k in _SUMMARY_SET if getattr(self, k) is not None})
+        return out
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -115,7 +123,8 @@ class RealRecord:
             kw["comparison"] = Comparison.from_dict(kw["comparison"])
         else:
             kw.pop("comparison", None)
-        for name in ("seconds", "sim_accuracy", "output_cosine", "latency_ms", "accuracy"):
+        for name in ("seconds", "sim_accuracy", "output_cosine", "latency_ms", "accuracy", "calibrated_accuracy",
+                     "compiler_ms"):
             if isinstance(kw.get(name), int) and not isinstance(kw[name], bool):
                 kw[name] = float(kw[name])
         kw.setdefault("when", "")

@@ -48,7 +48,10 @@ from tuner.study.space import load_space
 from tuner.study.storage import study_info
 from tuner.toolchain.compare import Comparison, output_rows
 from tuner.toolchain.hblog import HbLog, parse_log, read_log
+from tuner.toolchain.hbrun import CompileKnobs, convert
+from tuner.toolchain.installed import Toolchain
 from tuner.toolchain.logterms import compare_with_log, log_simulator
+from tuner.toolchain.realrun import measure
 from tuner.toolchain.records import RealRecord, real_record, real_records, save_real
 from tuner.workspace import Workspace
 
@@ -216,11 +219,15 @@ class StudyContext:
         return out
 
     def feed_back(self, row: results.Row, accuracy: float, latency_ms: float | None, record: RealRecord) -> int:
-        """Add a COMPLETE trial with the trial's parameters and the real value; returns its number."""
+        """Add a COMPLETE trial with the trial's parameters and the real value; returns its number.
+        The constraints read the real metrics where the run measured them (--local), else the simulated."""
         obj = self.info.objectives
         lat = latency_ms if latency_ms is not None else row.latency_ms
         values = obj.values(accuracy, lat)
-        constraints = obj.constraints(accuracy, lat, row.trial_record.metrics(obj.metric_names_needed))
+        metrics = row.trial_record.metrics(obj.metric_names_needed)
+        if record.metrics:
+            metrics.update(record.metrics)
+        constraints = obj.constraints(accuracy, lat, metrics)
         summary = record.summary()
         if row.trial is None:
             raise ValueError(f"trial {row.number}: a row made by hand has no parameters to feed back")
@@ -234,8 +241,10 @@ class StudyContext:
                    if t.user_attrs.get("verified_from") == row.number)
 
     def finish(self, row: results.Row, record: RealRecord, log: HbLog | None, data: dict | None,
-               feedback: bool) -> RealRecord:
-        """``record`` with the real figures filled in (comparison, accuracy), stored, fed back."""
+               feedback: bool, measured: tuple[float, str] | None = None) -> RealRecord:
+        """``record`` with the real figures filled in (comparison, accuracy), stored, fed back.
+        ``measured``: (accuracy, source) measured on the study's own data (verify --local), which
+        wins over what the log or a JSON gives."""
         record = record.with_(sim_accuracy=row.accuracy, objective=self.objective)
         if log is not None:
             record = record.with_(log_summary=_log_summary(log), output_cosine=log.mean_output_cosine,
@@ -251,7 +260,7 @@ class StudyContext:
             if isinstance(lat, (int, float)) and not isinstance(lat, bool) and math.isfinite(lat):
                 record = record.with_(latency_ms=float(lat))
         producers = self.producers() if log is not None and log.outputs_by == "node" else None
-        acc, source = real_accuracy(self.objective, log, data, producers)
+        acc, source = measured if measured is not None else real_accuracy(self.objective, log, data, producers)
         record = record.with_(accuracy=acc, accuracy_source=source)
         if record.ok and acc is None and not (log is not None and log.has_tables):
             record = record.with_(status="unusable", error=(
@@ -320,9 +329,70 @@ def verify_trial(ctx: StudyContext, row: results.Row, command: str, timeout: flo
     return ctx.finish(row, record, log, data, feedback)
 
 
-def verify_study(ctx: StudyContext, command: str, top: int | None = None, numbers: list[int] | None = None,
+def verify_trial_local(ctx: StudyContext, row: results.Row, local: LocalTool, timeout: float | None,
+                       feedback: bool = True, say=None) -> RealRecord:
+    """The trial's YAML converted by the installed toolchain (cached run), its quantized and calibrated
+    models run on the study's evaluation data and scored like the simulation (the same samples, float
+    reference and metrics): the real value of the objective and of every constraint's metric."""
+    folder = ctx.paths.root / "verify" / f"trial_{row.number:05d}"
+    record = RealRecord(status="ok", when=_now(), dir=str(folder))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        yaml_path = ctx.export(row, folder)
+    except (TunerError, OSError) as exc:
+        record = record.with_(status="error", error=f"export failed: {exc}")
+        save_real(ctx.study, row.number, record)
+        return record
+    conv = convert(local.toolchain, yaml_path, local.knobs, timeout=timeout, say=say)
+    record = record.with_(yaml=str(yaml_path), command=f"hb_mapper makertbin (local toolchain {conv.toolchain})",
+                          returncode=conv.returncode, seconds=0.0 if conv.cached else conv.seconds,
+                          compiler_ms=conv.bpu_latency_ms)
+    if not conv.ok:
+        status = "timeout" if conv.folder.endswith(".timeout") else "failed"
+        record = record.with_(status=status, error=f"hb_mapper refused the YAML: {conv.error}")
+        save_real(ctx.study, row.number, record)
+        return record
+    try:
+        run = measure(local.toolchain, conv, ctx.workspace().simulator, str(yaml_path), "evaluation data")
+    except TunerError as exc:
+        record = record.with_(status="failed", error=str(exc))
+        save_real(ctx.study, row.number, record)
+        return record
+    write_atomic(folder / "real_run.json", json.dumps(run.to_json(), indent=1, default=str))
+    q, c = run.quantized, run.calibrated
+    if q is None:
+        record = record.with_(status="failed", error=run.error or "no figures")
+        save_real(ctx.study, row.number, record)
+        return record
+    obj = ctx.info.objectives
+    metrics = {}
+    for name in obj.metric_names_needed:
+        try:
+            metrics[name] = q.value(name)
+        except (TunerError, KeyError, ValueError):
+            pass
+    record = record.with_(metrics=metrics or None, local=run.to_json(), seconds=round(run.seconds, 2),
+                          calibrated_accuracy=c.value(ctx.objective) if c is not None else None)
+    log = None
+    try:
+        log = conv.log()
+    except TunerError:
+        pass
+    return ctx.finish(row, record, log, None, feedback, measured=(q.value(ctx.objective), "local:quantized"))
+
+
+@dataclass(frozen=True)
+class LocalTool:
+    """The installed toolchain and the compile knobs ``verify --local`` converts with."""
+
+    toolchain: Toolchain
+    knobs: CompileKnobs
+
+
+def verify_study(ctx: StudyContext, command: str | None, top: int | None = None, numbers: list[int] | None = None,
                  timeout: float | None = None, again: bool = False, feedback: bool = True,
-                 log_name: str = LOG_NAME, say=None) -> list[tuple[results.Row, RealRecord]]:
+                 log_name: str = LOG_NAME, say=None, local: LocalTool | None = None
+                 ) -> list[tuple[results.Row, RealRecord]]:
     rows = results.rows(ctx.study)
     chosen = choose(rows, ctx.mode, top, numbers)
     if not chosen:
@@ -335,9 +405,15 @@ def verify_study(ctx: StudyContext, command: str, top: int | None = None, number
                 say(f"[{i}/{len(chosen)}] trial {row.number}: verified before ({old.when}); --again to rerun")
             done.append((row, old))
             continue
-        if say:
-            say(f"[{i}/{len(chosen)}] trial {row.number}: running the command")
-        rec = verify_trial(ctx, row, command, timeout, log_name, feedback)
+        if local is not None:
+            rec = verify_trial_local(ctx, row, local, timeout, feedback,
+                                     say=(lambda m, i=i, n=row.number: say(f"[{i}/{len(chosen)}] trial {n}: {m}")) if say else None)
+        else:
+            if say:
+                say(f"[{i}/{len(chosen)}] trial {row.number}: running the command")
+            if command is None:
+                raise TunerError("give --command 'hb_mapper makertbin --config {yaml} --model-type onnx' or --local")
+            rec = verify_trial(ctx, row, command, timeout, log_name, feedback)
         if say:
             say(f"[{i}/{len(chosen)}] trial {row.number}: {rec.status}" + (f" ({rec.error})" if rec.error else ""))
         done.append((row, rec))
@@ -369,6 +445,33 @@ def results_table(done: list[tuple[results.Row, RealRecord]]) -> str:
                      str(len(c.int16_refused)) if c else "--", f(rec.seconds, 1), (rec.error or "")[:80]])
     return table(["trial", "status", "simulated", "real", "real - sim", "output cos gap", "Spearman", "int16 refused",
                   "seconds", "problem"], rows)
+
+
+def local_table(done: list[tuple[results.Row, RealRecord]], objectives: Any) -> str:
+    """``verify --local``'s table: the simulated objective next to the real quantized model's (the
+    .bin's arithmetic) and calibrated model's, whether the real figures meet the constraints, and
+    hbdk's BPU estimate next to tuner's modeled latency."""
+
+    def f(v, d=6, sign=False):
+        return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")
+
+    rows = []
+    for row, rec in done:
+        gap = None if rec.accuracy is None else rec.accuracy - row.accuracy
+        meets = "--"
+        if rec.ok and rec.accuracy is not None:
+            metrics = dict(row.trial_record.metrics(objectives.metric_names_needed))
+            metrics.update(rec.metrics or {})
+            margins = objectives.margins(rec.accuracy, row.latency_ms, metrics)
+            meets = ("yes" if all(m.margin >= 0 for m in margins) else
+                     "no: " + ", ".join(m.name for m in margins if m.margin < 0)) if margins else "(none)"
+        cpu = (rec.local or {}).get("conversion", {}).get("cpu_nodes")
+        rows.append([str(row.number), rec.status, f(row.accuracy), f(rec.accuracy), f(gap, sign=True),
+                     f(rec.calibrated_accuracy), meets[:60], f(row.latency_ms, 3), f(rec.compiler_ms, 3),
+                     "--" if cpu is None else f"{row.trial_record.counts.cpu_nodes}/{len(cpu)}",
+                     f(rec.seconds, 1), (rec.error or "")[:80]])
+    return table(["trial", "status", "simulated", "real (quantized)", "real - sim", "real (calibrated)",
+                  "constraints met (real)", "modeled ms", "hbdk BPU ms", "CPU sim/real", "seconds", "problem"], rows)
 
 
 def real_summary(study: optuna.Study) -> str | None:
