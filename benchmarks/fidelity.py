@@ -1,0 +1,64 @@
+"""tuner's simulation against the real hb_mapper toolchain (issue 22's fidelity suite).
+
+    python benchmarks/fidelity.py [--models segdepth,ppocr_det] [--out results/benchmarks/fidelity.md]
+
+Needs the real toolchain (``tuner toolchain install``) and, for the detector, rapidocr-onnxruntime
+(see the README's test command). For every configuration of ``tests/fidelity_suite.py`` it converts
+the YAML with the real tool (at O0, cached by content: a second run converts only what changed),
+runs the tool's quantized model (what the board runs) and calibrated model on the evaluation data,
+simulates the same YAML with tuner, and writes the comparison table (markdown) and the records
+(JSON beside it). The assertions on these figures are in tests/fidelity/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))     # the suite's models and cases (tests/fidelity_suite.py)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="segdepth,ppocr_det")
+    ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "fidelity.md"))
+    args = ap.parse_args()
+
+    from fidelity_suite import MODELS, run_suite
+
+    from tuner.files import write_atomic
+    from tuner.toolchain.fidelity import markdown, suite_summary
+    from tuner.toolchain.installed import require_toolchain
+
+    tc = require_toolchain()
+    results, summaries = [], []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tuner-fidelity-") as tmp:
+        for name in args.models.split(","):
+            if name not in MODELS:
+                raise SystemExit(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+            done = [r for r, _ in run_suite(tc, name, Path(tmp), say=lambda m: print(m, file=sys.stderr))]
+            results += done
+            summaries.append(suite_summary(name, done))
+    header = (f"# Fidelity: tuner's simulation against the real toolchain\n\n"
+              f"Toolchain {tc.fingerprint}; `python benchmarks/fidelity.py` on {platform.machine()} "
+              f"({platform.processor() or 'cpu'}), {time.perf_counter() - t0:.0f} s with the cache as it was. "
+              "'real' is the tool's quantized model (what the .bin computes), run with hmct's executor; 'sim' is "
+              "`tuner eval` of the same YAML on the same samples (pooled plain cosine, SQNR in dB). The second "
+              "table is on the log's terms (calibration sample 0, hb's eps cosine per node).\n\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, header + markdown(results, summaries))
+    write_atomic(out.with_suffix(".json"), json.dumps([r.to_json() for r in results], indent=1, default=str))
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

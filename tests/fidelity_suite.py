@@ -1,0 +1,92 @@
+"""The fidelity suite's models and configurations (issue 22, part 3), shared by tests/fidelity/ and
+benchmarks/fidelity.py.
+
+Two models: the bundled seg+depth example (its 32 calibration scenes, scored on 16 held-out ones,
+as the README's main job does) and PP-OCRv4's text detector on scikit-image's photographs (8 of
+them, 256x320, calibration = evaluation). The detector ships at opset 12, which hmct 1.1.0 refuses
+(``check_opset_version`` in hmct/converter/preparer/prepare.py: opset 10-11 for hmct 1.x); its ops
+(Conv, BatchNormalization, HardSigmoid, Clip, Resize, ConvTranspose, Constant with ``value``, ...)
+mean the same in opset 11, so the suite relabels it, as a user would re-export it.
+
+Every configuration the issue lists: max, max_percentile 0.99995, kl, default, per_channel,
+set_all_nodes_int16, int16 on two Convs, ``ON: CPU`` on an interior node, and on the example the
+input's ``/Slice`` on the CPU and the exported best.yaml of the README's main job (``/Slice`` int16
+under ``calibration_type: default``). Conversions run at O0 (the same calibrated and quantized models
+as O3, seconds instead of minutes) and are cached by content between runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from helpers import write_example_project
+from ppocr import DET_MODEL, write_ppocr_project
+
+from tuner.toolchain.fidelity import Case
+
+INT16 = {"InputType": "int16", "OutputType": "int16"}
+
+EXAMPLE_CASES = (
+    Case("max"),
+    Case("percentile", {"calibration_type": "max", "max_percentile": 0.99995}),
+    Case("kl", {"calibration_type": "kl"}),
+    Case("default", {"calibration_type": "default"}),
+    Case("per_channel", {"calibration_type": "max", "per_channel": True}),
+    Case("all_int16", optimization="set_all_nodes_int16"),
+    Case("int16_2convs", node_info={"/stem/conv/Conv": dict(INT16), "/fuse/conv/Conv": dict(INT16)}),
+    Case("cpu_interior", node_info={"/Mul_1": {"ON": "CPU"}}),
+    Case("cpu_slice", node_info={"/Slice": {"ON": "CPU"}}),
+    Case("best", {"calibration_type": "default"}, node_info={"/Slice": dict(INT16)}),
+)
+
+PPOCR_CASES = (
+    Case("max"),
+    Case("percentile", {"calibration_type": "max", "max_percentile": 0.99995}),
+    Case("kl", {"calibration_type": "kl"}),
+    Case("default", {"calibration_type": "default"}),
+    Case("per_channel", {"calibration_type": "max", "per_channel": True}),
+    Case("all_int16", optimization="set_all_nodes_int16"),
+    Case("int16_2convs", node_info={"p2o.Conv.0": dict(INT16), "p2o.Conv.61": dict(INT16)}),
+    Case("cpu_interior", node_info={"p2o.Mul.110": {"ON": "CPU"}}),
+)
+
+
+def example_project(root: Path) -> tuple[Path, list[Path]]:
+    """(the base YAML, the evaluation folders) of the example, data written into ``root``."""
+    cfg = write_example_project(root, n_cal=32, n_eval=16)
+    return cfg, [root / "data" / "eval"]
+
+
+def ppocr_project(root: Path) -> tuple[Path, list[Path]]:
+    cfg = write_ppocr_project(root)
+    path = root / DET_MODEL
+    model = onnx.load(str(path))
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = 11
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return cfg, [root / "cal"]
+
+
+MODELS = {"segdepth": (example_project, EXAMPLE_CASES), "ppocr_det": (ppocr_project, PPOCR_CASES)}
+
+
+def run_suite(tc, name: str, root: Path, say=None) -> list:
+    """Every case of model ``name``, real against simulated: [(CaseResult, RealRun | None)]."""
+    from tuner.toolchain.fidelity import check_case, write_case
+    from tuner.toolchain.logterms import log_simulator
+    from tuner.workspace import Workspace
+
+    build, cases = MODELS[name]
+    cfg, eval_dirs = build(root / name)
+    ws = Workspace.open(cfg, data=eval_dirs, limit=16)
+    sim, log_sim = ws.simulator, log_simulator(ws)
+    out = []
+    for case in cases:
+        path = write_case(cfg, case, root / name / "cases")
+        if say:
+            say(f"{name}/{case.name}")
+        out.append(check_case(tc, ws, path, name, case.name, sim=sim, log_sim=log_sim, say=say))
+    return out
