@@ -200,7 +200,7 @@ def check_case(tc: Toolchain, ws: Workspace, yaml_path: Path, model: str, case: 
     cand = Candidate.from_config(config, node_info_supported=ws.node_info_supported)
     sim = sim or ws.simulator
     conv = convert(tc, yaml_path, knobs, say=say)
-    base = {"model": model, "case": case, "calibration_type": config.calibration_type}
+    base: dict[str, Any] = {"model": model, "case": case, "calibration_type": config.calibration_type}
     if not conv.ok:
         return CaseResult(ok=False, error=conv.error, seconds=round(time.perf_counter() - t0, 1), **base), None
     real = measure(tc, conv, sim, str(yaml_path), "evaluation data")
