@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -203,8 +203,9 @@ def read_calibrated(path: str | Path) -> CalibratedModel:
 
 @dataclass(frozen=True)
 class Unmapped:
-    """A calibration node on a tensor tuner's graph does not have, but the user's ONNX does (tuner's
-    optimizer fused or removed it): tolerated, reported."""
+    """A calibration node on a tensor tuner's graph has no counterpart for (tuner's optimizer fused or
+    removed it, or hb_mapper's optimizer made it: the parts of a split ``Where``, ...): tolerated,
+    reported as "not compared" with the reason."""
 
     node: HzNode
     reason: str
@@ -213,19 +214,31 @@ class Unmapped:
 @dataclass(frozen=True)
 class MappedThresholds:
     """The calibration nodes addressed to tuner's graph: activation tensor -> its nodes (an equalized
-    Conv input has a per-tensor node and a per-channel one), weight consumer -> its node."""
+    Conv input has a per-tensor node and a per-channel one), weight consumer -> its node.
+
+    ``present``: tuner's activation tensors that exist in hb_mapper's calibrated graph (under their
+    name or a mapped one); one of them without a rounding node is a tensor hb_mapper leaves float.
+    A tensor tuner has and hb_mapper's graph lacks is unknown to the file (tuner's own scale applies).
+    ``renamed``: tuner tensor -> the calibrated model's name for it, where they differ."""
 
     source: str
     digest: str
     activations: dict[str, tuple[HzNode, ...]]
     weights: dict[str, HzNode]
     unmapped: tuple[Unmapped, ...] = ()
+    present: frozenset[str] = frozenset()
+    renamed: dict[str, str] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return hash(self.digest)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, MappedThresholds) and other.digest == self.digest
+
+    def leaves_float(self, tensor: str) -> bool:
+        """Whether hb_mapper's graph has ``tensor`` and rounds it nowhere (no calibration node on it, or
+        only switched-off / float ones)."""
+        return tensor in self.present and not any(n.quantizes for n in self.activations.get(tensor, ()))
 
 
 def _digest(nodes: tuple[HzNode, ...]) -> str:
@@ -261,20 +274,120 @@ def _check_weight_channels(n: HzNode, user: Node, dims: tuple[int, ...]) -> None
                              "is this the calibrated model of this YAML's onnx_model?")
 
 
+class _HbGraph:
+    """The graph hb_mapper calibrated (its optimized graph: the calibrated model without its
+    calibration nodes), for addressing its tensors to tuner's.
+
+    hb_mapper's optimizer renames and adds tensors (hb_quantizer_facts 4.1, and the real 1.24.3
+    files): a model output ``<out>`` is written as ``<out>_before`` and its calibration node writes
+    ``<out>``; a ReduceMean over H, W becomes a GlobalAveragePool of the same name writing
+    ``<name>_output``; ``Where`` becomes ``<name>_cast``, ``<name>_equal``, ``<name>_mul_x``, ... on
+    new tensors; Identity and Dropout disappear; a Mul by a constant is a Conv of the same name
+    with weight ``UNIT_WEIGHT_FOR_<name>``. So a tensor maps by its name, else by its producer: a
+    node of the same name in tuner's graph (or one tuner's optimizer renamed, tuner.graph.names),
+    whose output of the same index is the tensor."""
+
+    def __init__(self, proto: onnx.ModelProto):
+        g = proto.graph
+        source = {n.output[0]: n.input[0] for n in g.node if n.op_type == OP and n.input and n.output}
+
+        def raw(t: str) -> str:       # the tensor a (chain of) calibration node(s) reads
+            while t in source:
+                t = source[t]
+            return t
+
+        self.outputs = {o.name for o in g.output}
+        self.inputs = {i.name for i in g.input}
+        self.producer: dict[str, tuple[onnx.NodeProto, int]] = {}
+        self.by_node: dict[str, list[str]] = {}        # node name -> its outputs (before their calibration)
+        self.tensors: set[str] = set()
+        for n in g.node:
+            if n.op_type == OP:
+                continue
+            outs = [raw(t) for t in n.output]
+            for k, t in enumerate(outs):
+                self.producer[t] = (n, k)
+                self.tensors.add(t)
+            if n.name:
+                self.by_node[n.name] = outs
+            self.tensors.update(raw(t) for t in n.input if t)
+        self.tensors |= self.inputs
+        # a model output's last node writes <out>_before, its calibration node <out>
+        self.before = {n.input[0]: n.output[0] for n in g.node if n.op_type == OP and n.output[0] in self.outputs}
+
+
+def _counterpart(t: str, hb: _HbGraph, graph: Graph, tensors: set[str]) -> str | None:
+    """tuner's name for the calibrated model's tensor ``t``, or None."""
+    if t in tensors:
+        return t
+    out = hb.before.get(t)
+    if out is not None and out in tensors:
+        return out
+    made = hb.producer.get(t)
+    if made is None:
+        return None
+    node, k = made
+    name = node.name
+    if name not in graph.by_name:
+        r = graph.names.rewrites.get(name)
+        name = (r.output if r is not None else None) or ""
+    mine = graph.by_name.get(name)
+    if mine is not None and k < len(mine.outputs) and mine.outputs[k] in tensors:
+        return mine.outputs[k]
+    return None
+
+
+def _derived_from(name: str, known: set[str]) -> str | None:
+    """The known node (ONNX or tuner) an hb_mapper node named ``name`` was made from, by its naming
+    (``/Where_cast`` from ``/Where``, ``UNIT_WEIGHT_FOR_/Mul`` from ``/Mul``): the longest match."""
+    best = None
+    for k in known:
+        if k and (name.startswith(k + "_") or name.endswith("_" + k) or name == k) and (best is None or len(k) > len(best)):
+            best = k
+    return best
+
+
+def _why_not(n: HzNode, hb: _HbGraph, known_nodes: set[str], known_tensors: set[str]) -> str | None:
+    """Why a node on a tensor without a counterpart is not compared, or None: a foreign tensor."""
+    t = n.tensor
+    if t in known_tensors:
+        return (f"tensor {t!r} is not in the graph tuner calibrates (tuner's optimizer fused or removed it)")
+    made = hb.producer.get(t)
+    if made is None:
+        return None
+    node, _ = made
+    if node.name in known_nodes:
+        return (f"tensor {t!r} (output of {node.op_type} {node.name!r}) has no counterpart in the graph tuner "
+                "calibrates")
+    origin = _derived_from(node.name or "", known_nodes)
+    if origin is None:
+        return None
+    return (f"tensor {t!r} is written by {node.op_type} {node.name!r}, which hb_mapper's optimizer made from "
+            f"{origin!r}; tuner's graph has no such tensor")
+
+
 def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None = None) -> MappedThresholds:
     """Address every calibration node to tuner's graph (:class:`tuner.graph.Graph`).
 
-    hb_mapper calibrates its own optimized graph, whose tensor names are usually the ONNX ones. A
-    node on a tensor tuner's graph lacks but ``onnx_model`` (the user's ONNX) has is tolerated
-    (``unmapped``: tuner's optimizer fused or removed it); a node on a tensor neither has is an
-    error naming the node. A weight node maps to its consumer: by the node reading it, else by the
-    weight's name, else by the ``<weight>_<consumer>_HzCalibration`` name.
+    hb_mapper calibrates its own optimized graph (:class:`_HbGraph`: the model output's
+    ``<out>_before``, the tensors of its rewrites). A tensor maps by its name, else by the node
+    that writes it (:func:`_counterpart`). A node on a tensor without a counterpart is tolerated
+    (``unmapped``: "not compared", with the reason) when the tensor is one of the user's ONNX
+    (tuner's optimizer fused or removed it) or is written by a node of the ONNX or of tuner's graph,
+    or by one hb_mapper's optimizer named after such a node (``/Where_cast``); any other is an error
+    naming the node: the file is not the calibrated model of this model. A weight node maps to its
+    consumer: by the node reading it, else by the weight's name, else by the
+    ``<weight>_<consumer>_HzCalibration`` name.
     """
     known_onnx: set[str] = set()
+    onnx_nodes: set[str] = set()
     if onnx_model is not None:
         known_onnx = {t for n in onnx_model.graph.node for t in list(n.input) + list(n.output)}
         known_onnx |= {i.name for i in onnx_model.graph.input} | {t.name for t in onnx_model.graph.initializer}
+        onnx_nodes = {n.name for n in onnx_model.graph.node if n.name}
+    known_nodes = onnx_nodes | set(graph.by_name) | set(graph.names.rewrites)
     tensors = set(graph.activation_tensors())
+    hb = _HbGraph(cal.proto)
     by_weight: dict[str, list[str]] = {}
     for node in graph:
         for t in node.inputs:
@@ -283,17 +396,21 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
     acts: dict[str, list[HzNode]] = {}
     weights: dict[str, HzNode] = {}
     unmapped: list[Unmapped] = []
+    renamed: dict[str, str] = {}
     for n in cal.nodes:
         if n.kind == "activation":
-            if n.tensor in tensors:
-                _check_channels(n, graph.shapes.get(n.tensor))
-                acts.setdefault(n.tensor, []).append(n)
-            elif n.tensor in known_onnx:
-                unmapped.append(Unmapped(n, f"tensor {n.tensor!r} is not in the graph tuner calibrates (tuner's "
-                                            "optimizer fused or removed it)"))
-            else:
+            mine = _counterpart(n.tensor, hb, graph, tensors)
+            if mine is not None:
+                _check_channels(n, graph.shapes.get(mine))
+                acts.setdefault(mine, []).append(n)
+                if mine != n.tensor:
+                    renamed[mine] = n.tensor
+                continue
+            reason = _why_not(n, hb, known_nodes, known_onnx)
+            if reason is None:
                 raise TunerError(f"HzCalibration node {n.name!r}: its tensor {n.tensor!r} is neither in the model nor "
                                  "in the graph tuner calibrates; is this the calibrated model of this YAML's onnx_model?")
+            unmapped.append(Unmapped(n, reason))
             continue
         consumer = n.consumer if n.consumer in graph.by_name else None
         if consumer is None and n.tensor in by_weight:
@@ -306,14 +423,29 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
             if user is not None and n.tensor in graph.initializers:
                 _check_weight_channels(n, user, tuple(graph.initializers[n.tensor].dims))
             weights[consumer] = n
-        elif n.tensor in known_onnx or (n.consumer is not None and n.consumer in known_onnx):
+        elif n.tensor in known_onnx or (n.consumer is not None and n.consumer in known_nodes | known_onnx):
             unmapped.append(Unmapped(n, f"weight {n.tensor!r}: its consumer is not in the graph tuner calibrates"))
         else:
             raise TunerError(f"HzCalibration node {n.name!r}: weight {n.tensor!r} (consumer {n.consumer!r}) is not in "
                              "the model tuner loaded; is this the calibrated model of this YAML's onnx_model?")
+    present = frozenset(t for t in tensors if t in hb.tensors or t in acts
+                        or _counterpart_of_tuner(t, hb, graph) is not None)
     return MappedThresholds(source=str(cal.path), digest=_digest(cal.nodes),
                             activations={t: tuple(v) for t, v in acts.items()}, weights=weights,
-                            unmapped=tuple(unmapped))
+                            unmapped=tuple(unmapped), present=present, renamed=renamed)
+
+
+def _counterpart_of_tuner(t: str, hb: _HbGraph, graph: Graph) -> str | None:
+    """The calibrated model's tensor for tuner's ``t`` when its name differs there: the output of the
+    node of the same name (a GlobalAveragePool's ``<name>_output``)."""
+    node = graph.producer.get(t)
+    if node is None:
+        return None
+    made = hb.by_node.get(node.name)
+    if made is None:
+        return None
+    k = list(node.outputs).index(t)
+    return made[k] if k < len(made) else None
 
 
 def load_thresholds(path: str | Path, graph: Graph, model_path: str | Path) -> MappedThresholds:
