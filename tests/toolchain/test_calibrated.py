@@ -38,7 +38,7 @@ def own_max_model(ws, plan, scales) -> onnx.ModelProto:
     acts = {t: {"thresholds": [scales.threshold(t, "int8")]} for t in plan.quantized_tensors()}
     weights = {(ws.graph.by_name[n].inputs[1], n): {"thresholds": weight_max(model, ws.graph.by_name[n].inputs[1])}
                for n in plan.weights}
-    return calibrate(model, acts, weights)
+    return calibrate(model, acts, weights, reads=set(plan.edges) | set(plan.cpu_reads))
 
 
 def mixed_model(ws, scales) -> onnx.ModelProto:

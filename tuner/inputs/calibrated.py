@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -226,8 +227,13 @@ class MappedThresholds:
     activations: dict[str, tuple[HzNode, ...]]
     weights: dict[str, HzNode]
     unmapped: tuple[Unmapped, ...] = ()
+    notes: tuple[str, ...] = ()
     present: frozenset[str] = frozenset()
     renamed: dict[str, str] = field(default_factory=dict)
+    # per input of a tuner node that hb_mapper's graph has under the same name: the calibration node
+    # that input reads there, or None when it reads the tensor unrounded (the Add of a fused
+    # Conv + Add, a CPU ScatterND reading a Resize output, ...)
+    reads: dict[tuple[str, int], HzNode | None] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return hash(self.digest)
@@ -287,7 +293,8 @@ class _HbGraph:
     node of the same name in tuner's graph (or one tuner's optimizer renamed, tuner.graph.names),
     whose output of the same index is the tensor."""
 
-    def __init__(self, proto: onnx.ModelProto):
+    def __init__(self, proto: onnx.ModelProto, matches: dict[str, str | None] | None = None):
+        self.matches = dict(matches or {})
         g = proto.graph
         source = {n.output[0]: n.input[0] for n in g.node if n.op_type == OP and n.input and n.output}
 
@@ -312,12 +319,18 @@ class _HbGraph:
                 self.by_node[n.name] = outs
             self.tensors.update(raw(t) for t in n.input if t)
         self.tensors |= self.inputs
+        self.raw = raw
+        self.nodes = [n for n in g.node if n.op_type != OP]
+        self.initializers = {t.name: t for t in g.initializer}
         # a model output's last node writes <out>_before, its calibration node <out>
         self.before = {n.input[0]: n.output[0] for n in g.node if n.op_type == OP and n.output[0] in self.outputs}
 
 
 def _counterpart(t: str, hb: _HbGraph, graph: Graph, tensors: set[str]) -> str | None:
-    """tuner's name for the calibrated model's tensor ``t``, or None."""
+    """tuner's name for the calibrated model's tensor ``t``, or None. With float values
+    (:func:`match_by_value`), what they say wins over the names."""
+    if t in hb.matches:
+        return hb.matches[t]
     if t in tensors:
         return t
     out = hb.before.get(t)
@@ -350,6 +363,12 @@ def _derived_from(name: str, known: set[str]) -> str | None:
 def _why_not(n: HzNode, hb: _HbGraph, known_nodes: set[str], known_tensors: set[str]) -> str | None:
     """Why a node on a tensor without a counterpart is not compared, or None: a foreign tensor."""
     t = n.tensor
+    if t in hb.matches:           # checked by value: none of tuner's tensors holds its values
+        made = hb.producer.get(t)
+        by = f" (written by {made[0].op_type} {made[0].name!r})" if made else ""
+        same = " tuner's tensor of that name holds other values (hb_mapper's optimizer folded a node into " \
+               "its producer);" if t in known_tensors else ""
+        return f"tensor {t!r}{by}:{same} no tensor of the graph tuner calibrates holds its float values"
     if t in known_tensors:
         return (f"tensor {t!r} is not in the graph tuner calibrates (tuner's optimizer fused or removed it)")
     made = hb.producer.get(t)
@@ -366,7 +385,8 @@ def _why_not(n: HzNode, hb: _HbGraph, known_nodes: set[str], known_tensors: set[
             f"{origin!r}; tuner's graph has no such tensor")
 
 
-def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None = None) -> MappedThresholds:
+def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None = None,
+                 matches: dict[str, str | None] | None = None) -> MappedThresholds:
     """Address every calibration node to tuner's graph (:class:`tuner.graph.Graph`).
 
     hb_mapper calibrates its own optimized graph (:class:`_HbGraph`: the model output's
@@ -387,7 +407,7 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
         onnx_nodes = {n.name for n in onnx_model.graph.node if n.name}
     known_nodes = onnx_nodes | set(graph.by_name) | set(graph.names.rewrites)
     tensors = set(graph.activation_tensors())
-    hb = _HbGraph(cal.proto)
+    hb = _HbGraph(cal.proto, matches)
     by_weight: dict[str, list[str]] = {}
     for node in graph:
         for t in node.inputs:
@@ -397,6 +417,10 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
     weights: dict[str, HzNode] = {}
     unmapped: list[Unmapped] = []
     renamed: dict[str, str] = {}
+    # Conv nodes reading an equalized input: their weights were pre-scaled by hb_mapper (facts 1.5)
+    # and tuner's simulation takes thresholds of the pre-scaled weight
+    eq_outputs = {n.output for n in cal.nodes if n.dequantize_scale is not None}
+    equalized = {hn.name for hn in hb.nodes if any(t in eq_outputs for t in hn.input)}
     for n in cal.nodes:
         if n.kind == "activation":
             mine = _counterpart(n.tensor, hb, graph, tensors)
@@ -418,6 +442,12 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
         if consumer is None and n.consumer is not None:
             r = graph.names.rewrites.get(n.consumer)
             consumer = r.nodes[0] if r is not None and r.nodes else None
+        if consumer is not None and consumer not in equalized and n.tensor in graph.initializers \
+                and n.tensor in hb.initializers and not _same_array(hb.initializers[n.tensor], graph.initializers[n.tensor]):
+            unmapped.append(Unmapped(n, f"weight {n.tensor!r} of {consumer!r}: hb_mapper's optimizer changed it (a "
+                                        "BatchNormalization or a constant Mul/Add folded into it); its thresholds are "
+                                        "those of the folded weight, tuner keeps max |w| of its own"))
+            continue
         if consumer is not None:
             user = graph.by_name.get(consumer)
             if user is not None and n.tensor in graph.initializers:
@@ -428,11 +458,106 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
         else:
             raise TunerError(f"HzCalibration node {n.name!r}: weight {n.tensor!r} (consumer {n.consumer!r}) is not in "
                              "the model tuner loaded; is this the calibrated model of this YAML's onnx_model?")
-    present = frozenset(t for t in tensors if t in hb.tensors or t in acts
-                        or _counterpart_of_tuner(t, hb, graph) is not None)
+    if matches is not None:       # by value: the tuner tensors some tensor of hb_mapper's graph is
+        present = frozenset(t for t in matches.values() if t is not None) | frozenset(acts)
+    else:
+        present = frozenset(t for t in tensors if t in hb.tensors or t in acts
+                            or _counterpart_of_tuner(t, hb, graph) is not None)
     return MappedThresholds(source=str(cal.path), digest=_digest(cal.nodes),
                             activations={t: tuple(v) for t, v in acts.items()}, weights=weights,
-                            unmapped=tuple(unmapped), present=present, renamed=renamed)
+                            unmapped=tuple(unmapped), present=present, renamed=renamed,
+                            reads=_reads(cal, hb, graph, tensors))
+
+
+def _reads(cal: CalibratedModel, hb: _HbGraph, graph: Graph, tensors: set[str]) -> dict[tuple[str, int], HzNode | None]:
+    """Per activation input of the tuner nodes hb_mapper's graph has under the same name (and op
+    arity), the calibration node it reads there (None: the tensor unrounded)."""
+    by_output = {n.output: n for n in cal.nodes}
+    out: dict[tuple[str, int], HzNode | None] = {}
+    for hn in hb.nodes:
+        mine = graph.by_name.get(hn.name)
+        if mine is None:
+            continue
+        for k, t in enumerate(hn.input):
+            if not t or k >= len(mine.inputs) or mine.inputs[k] not in tensors:
+                continue
+            if _counterpart(hb.raw(t), hb, graph, tensors) != mine.inputs[k]:
+                continue          # another tensor at this index (a rewrite reordered the inputs)
+            out[(hn.name, k)] = by_output.get(t)
+    return out
+
+
+def _same_array(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
+    x, y = numpy_helper.to_array(a), numpy_helper.to_array(b)
+    return x.shape == y.shape and bool(np.allclose(x, y, rtol=1e-5, atol=1e-8))
+
+
+#: relative L2 distance under which two float tensors are the same tensor (hb_mapper's folding of a
+#: BatchNormalization changes float rounding by ~1e-6)
+SAME_VALUES = 1e-4
+
+
+def match_by_value(cal: CalibratedModel, tuner_model: onnx.ModelProto, graph: Graph,
+                   sample: dict[str, np.ndarray]) -> dict[str, str | None]:
+    """Every float tensor of hb_mapper's calibrated graph -> the tuner tensor holding the same float
+    values on ``sample`` (None: none does).
+
+    Names alone mislead: hb_mapper's optimizer folds a BatchNormalization into the Conv before it and
+    the Conv's output keeps the Conv's name, with the BatchNormalization's values (PP-OCRv4: tuner's
+    ``conv2d_450.tmp_0`` is the value before the BatchNormalization, hb_mapper's the one after). So
+    the calibrated model is run with every calibration node switched off (the float graph hb_mapper
+    calibrated: its ``*_optimized_float_model.onnx`` plus the stand-ins of
+    :mod:`tuner.toolchain.calibrated_run`) next to tuner's float graph, on one sample. A tensor maps to
+    the tuner tensor of its name (or its producer's, see :func:`_counterpart`) when their values
+    agree, else to a tuner tensor of the same shape that agrees (the closest), else to nothing."""
+    from tuner.runtime.session import make_session, with_outputs
+    from tuner.toolchain.calibrated_run import runnable_model
+
+    hb = _HbGraph(cal.proto)
+    hb_model = runnable_model(cal, switch_off=True)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(hb_model)
+    except Exception:
+        inferred = hb_model
+    floats = {vi.name for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
+              if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    hb_names = sorted(t for t in hb.tensors if t not in hb.initializers and t in floats)
+    mine = [t for t in graph.activation_tensors() if graph.is_float(t)]
+    try:
+        hb_sess = make_session(with_outputs(hb_model, hb_names))
+        feed = {i.name: sample[i.name] for i in hb_sess.get_inputs() if i.name in sample}
+        hb_values = dict(zip(hb_names, hb_sess.run(hb_names, feed)))
+        tu_sess = make_session(with_outputs(tuner_model, mine))
+        tu_values = dict(zip(mine, tu_sess.run(mine, {i.name: sample[i.name] for i in tu_sess.get_inputs()})))
+    except Exception as exc:   # onnxruntime's own errors: fall back to the names (the caller says so)
+        raise TunerError(f"{cal.path}: cannot run its float graph next to tuner's to match tensors by value: "
+                         f"{str(exc).splitlines()[0][:200]}") from None
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for t in mine:
+        by_shape.setdefault(np.shape(tu_values[t]), []).append(t)
+    tensors = set(mine)
+
+    def distance(a: np.ndarray, b: np.ndarray) -> float:
+        a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        norm = max(float(np.linalg.norm(a64)), float(np.linalg.norm(b64)), 1e-12)
+        return float(np.linalg.norm(a64 - b64)) / norm
+
+    out: dict[str, str | None] = {}
+    for t in hb_names:
+        v = np.asarray(hb_values[t])
+        if v.dtype.kind != "f":
+            continue
+        named = _counterpart(t, hb, graph, tensors)
+        if named is not None and np.shape(tu_values[named]) == v.shape and distance(v, tu_values[named]) < SAME_VALUES:
+            out[t] = named
+            continue
+        best, best_d = None, SAME_VALUES
+        for cand in by_shape.get(v.shape, ()):
+            d = distance(v, tu_values[cand])
+            if d < best_d:
+                best, best_d = cand, d
+        out[t] = best
+    return out
 
 
 def _counterpart_of_tuner(t: str, hb: _HbGraph, graph: Graph) -> str | None:
@@ -448,7 +573,27 @@ def _counterpart_of_tuner(t: str, hb: _HbGraph, graph: Graph) -> str | None:
     return made[k] if k < len(made) else None
 
 
-def load_thresholds(path: str | Path, graph: Graph, model_path: str | Path) -> MappedThresholds:
+def address(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None,
+            tuner_model: onnx.ModelProto | None = None, sample: dict[str, np.ndarray] | None = None) -> MappedThresholds:
+    """:func:`map_to_graph` by names (a file of another model is an error there), then, with tuner's
+    float model and a sample, again with the tensors matched by value (:func:`match_by_value`); when
+    the float graphs cannot be run side by side, the names stand and a note says so."""
+    by_name = map_to_graph(cal, graph, onnx_model)
+    if tuner_model is None or sample is None:
+        return by_name
+    try:
+        matches = match_by_value(cal, tuner_model, graph, sample)
+    except TunerError as exc:
+        return replace(by_name, notes=(f"{exc}; tensors matched by name only",))
+    return map_to_graph(cal, graph, onnx_model, matches)
+
+
+def load_thresholds(path: str | Path, graph: Graph, model_path: str | Path,
+                    tuner_model: onnx.ModelProto | None = None,
+                    sample: dict[str, np.ndarray] | None = None) -> MappedThresholds:
     """The real thresholds of the calibrated model at ``path``, addressed to ``graph`` (loaded
-    from the ONNX at ``model_path``, whose tensor names tell a fused tensor from a wrong one)."""
-    return map_to_graph(read_calibrated(path), graph, onnx.load(str(model_path), load_external_data=False))
+    from the ONNX at ``model_path``, whose tensor names tell a fused tensor from a wrong one).
+    With tuner's float model and one ``sample``, tensors are matched by their float values
+    (:func:`address`), else by their names only."""
+    return address(read_calibrated(path), graph, onnx.load(str(model_path), load_external_data=False), tuner_model,
+                   sample)
