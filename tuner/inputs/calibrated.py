@@ -229,6 +229,10 @@ class MappedThresholds:
     unmapped: tuple[Unmapped, ...] = ()
     notes: tuple[str, ...] = ()
     present: frozenset[str] = frozenset()
+    by_value: bool = False        # tensors matched by their float values (else by names only)
+    # consumer -> its weight as tuner's graph must use it to compute what hb_mapper's quantized folded
+    # weight computes (hb_mapper folded a BatchNormalization / constant Mul, Add into it): see _unfolded
+    folded: dict[str, np.ndarray] = field(default_factory=dict)
     renamed: dict[str, str] = field(default_factory=dict)
     # per input of a tuner node that hb_mapper's graph has under the same name: the calibration node
     # that input reads there, or None when it reads the tensor unrounded (the Add of a fused
@@ -417,6 +421,7 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
     weights: dict[str, HzNode] = {}
     unmapped: list[Unmapped] = []
     renamed: dict[str, str] = {}
+    folded: dict[str, np.ndarray] = {}
     # Conv nodes reading an equalized input: their weights were pre-scaled by hb_mapper (facts 1.5)
     # and tuner's simulation takes thresholds of the pre-scaled weight
     eq_outputs = {n.output for n in cal.nodes if n.dequantize_scale is not None}
@@ -444,9 +449,13 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
             consumer = r.nodes[0] if r is not None and r.nodes else None
         if consumer is not None and consumer not in equalized and n.tensor in graph.initializers \
                 and n.tensor in hb.initializers and not _same_array(hb.initializers[n.tensor], graph.initializers[n.tensor]):
-            unmapped.append(Unmapped(n, f"weight {n.tensor!r} of {consumer!r}: hb_mapper's optimizer changed it (a "
-                                        "BatchNormalization or a constant Mul/Add folded into it); its thresholds are "
-                                        "those of the folded weight, tuner keeps max |w| of its own"))
+            folded_w = _unfolded(hb.initializers[n.tensor], graph.initializers[n.tensor], n)
+            if folded_w is not None:
+                folded[consumer] = folded_w
+            else:
+                unmapped.append(Unmapped(n, f"weight {n.tensor!r} of {consumer!r}: hb_mapper's optimizer changed it "
+                                            "(a BatchNormalization or a constant Mul/Add folded into it) and not by a "
+                                            "factor per element; tuner keeps max |w| of its own"))
             continue
         if consumer is not None:
             user = graph.by_name.get(consumer)
@@ -465,7 +474,8 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
                             or _counterpart_of_tuner(t, hb, graph) is not None)
     return MappedThresholds(source=str(cal.path), digest=_digest(cal.nodes),
                             activations={t: tuple(v) for t, v in acts.items()}, weights=weights,
-                            unmapped=tuple(unmapped), present=present, renamed=renamed,
+                            unmapped=tuple(unmapped), present=present, renamed=renamed, by_value=matches is not None,
+                            folded=folded,
                             reads=_reads(cal, hb, graph, tensors))
 
 
@@ -485,6 +495,32 @@ def _reads(cal: CalibratedModel, hb: _HbGraph, graph: Graph, tensors: set[str]) 
                 continue          # another tensor at this index (a rewrite reordered the inputs)
             out[(hn.name, k)] = by_output.get(t)
     return out
+
+
+def _unfolded(hb_w: onnx.TensorProto, w: onnx.TensorProto, n: HzNode) -> np.ndarray | None:
+    """tuner's weight ``w`` fake-quantized the way hb_mapper quantized its folded weight ``hb_w``.
+
+    hb_mapper folds a BatchNormalization after a Conv (a factor per output channel) and a constant
+    per-channel Mul/Add before one (a factor per input channel) into the Conv's weight, and
+    calibrates the folded weight per output channel. Where the folded weight is the user's times a
+    factor per element (c = hb_w / w), tuner's graph, which keeps the Mul/BatchNormalization as float
+    nodes, computes hb_mapper's quantized product with ``fq(hb_w) / c``. None when the weights are not
+    related so (other shapes, a zero where the other is not, a non-int8 or switched-off node)."""
+    if not n.quantizes or n.qtype != "int8":
+        return None
+    a, b = numpy_helper.to_array(hb_w).astype(np.float64), numpy_helper.to_array(w).astype(np.float64)
+    if a.shape != b.shape or a.ndim < 2 or len(n.thresholds) not in (1, a.shape[n.axis % a.ndim]):
+        return None
+    if np.any((a == 0) != (b == 0)):
+        return None
+    thr = np.asarray([max(abs(t), 1e-30) for t in n.thresholds], np.float64)
+    shape = [1] * a.ndim
+    if thr.size > 1:
+        shape[n.axis % a.ndim] = thr.size
+    scale = (thr / 127.0).reshape(shape)
+    q = np.clip(np.round(a / scale), -127, 127) * scale
+    ratio = np.divide(q, a, out=np.ones_like(a), where=a != 0)
+    return (b * ratio).astype(np.float32)
 
 
 def _same_array(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:

@@ -117,6 +117,11 @@ class RealScales:
     def threshold(self, tensor: str, dtype: str = "int8") -> float:
         return self.get(tensor, dtype).threshold
 
+    def weight_values(self, consumer: str) -> np.ndarray | None:
+        """``consumer``'s fake-quantized weight where hb_mapper quantized a folded form of it
+        (MappedThresholds.folded), or None."""
+        return self.real.folded.get(consumer)
+
     def weight_thresholds(self, consumer: str) -> np.ndarray | None:
         """Real per-output-channel thresholds of ``consumer``'s weight (int8, axis 0), or None."""
         node = self.real.weights.get(consumer)
@@ -141,8 +146,11 @@ def real_plan(plan: Plan, graph: Graph, real: MappedThresholds) -> Plan:
       nowhere, left float (:meth:`MappedThresholds.leaves_float`).
     * A model output hb_mapper rounds (``<out>_before`` -> ``<out>``) is rounded in its qtype; one it
       leaves float is not.
-    * A tensor the file does not know (not in hb_mapper's graph) keeps tuner's plan, and tuner's
-      scale for the YAML's calibration (:class:`RealScales`' fallback).
+    * A tensor no tensor of hb_mapper's graph holds (matched by float values: hb_mapper folded it
+      away, e.g. the per-channel Mul/Add of PP-OCRv4's blocks folded into the Conv before them) is
+      left float: hb_mapper cannot round a tensor it does not compute. Matched by names only, such
+      a tensor keeps tuner's plan and tuner's scale for the YAML's calibration (:class:`RealScales`'
+      fallback), as every tensor does in a search around the real thresholds.
 
     A rounded tensor takes its own node's scale, not one lent by a same-scale op upstream, and
     tuner's AdjustConvQuantParams floor does not apply to it: the real threshold already is the
@@ -168,7 +176,7 @@ def real_plan(plan: Plan, graph: Graph, real: MappedThresholds) -> Plan:
                 hz = hz if hz is not None and hz.quantizes else None
             elif rounding(tensor) is not None:
                 hz = rounding(tensor)
-            elif real.leaves_float(tensor):
+            elif real.leaves_float(tensor) or (real.by_value and tensor not in real.present):
                 hz = None
             else:
                 continue              # unknown to the file: tuner's plan stands
