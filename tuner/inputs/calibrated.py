@@ -367,12 +367,11 @@ def _derived_from(name: str, known: set[str]) -> str | None:
 def _why_not(n: HzNode, hb: _HbGraph, known_nodes: set[str], known_tensors: set[str]) -> str | None:
     """Why a node on a tensor without a counterpart is not compared, or None: a foreign tensor."""
     t = n.tensor
-    if t in hb.matches:           # checked by value: none of tuner's tensors holds its values
+    if t in hb.matches and t in known_tensors:   # the name's tensor, checked by value: other values
         made = hb.producer.get(t)
         by = f" (written by {made[0].op_type} {made[0].name!r})" if made else ""
-        same = " tuner's tensor of that name holds other values (hb_mapper's optimizer folded a node into " \
-               "its producer);" if t in known_tensors else ""
-        return f"tensor {t!r}{by}:{same} no tensor of the graph tuner calibrates holds its float values"
+        return (f"tensor {t!r}{by}: tuner's tensor of that name holds other values (hb_mapper's optimizer folded "
+                "a node into its producer) and no tensor of the graph tuner calibrates holds its float values")
     if t in known_tensors:
         return (f"tensor {t!r} is not in the graph tuner calibrates (tuner's optimizer fused or removed it)")
     made = hb.producer.get(t)
@@ -579,16 +578,23 @@ def match_by_value(cal: CalibratedModel, tuner_model: onnx.ModelProto, graph: Gr
         return float(np.linalg.norm(a64 - b64)) / norm
 
     out: dict[str, str | None] = {}
+    claimed = {t for t in hb_names if t in tensors}     # tuner tensors that have a namesake in hb's graph
     for t in hb_names:
         v = np.asarray(hb_values[t])
         if v.dtype.kind != "f":
             continue
         named = _counterpart(t, hb, graph, tensors)
-        if named is not None and np.shape(tu_values[named]) == v.shape and distance(v, tu_values[named]) < SAME_VALUES:
+        if named is None:
+            out[t] = None      # a tensor of hb's own rewrites: equal values would be a coincidence of the data
+            continue
+        if np.shape(tu_values[named]) == v.shape and distance(v, tu_values[named]) < SAME_VALUES:
             out[t] = named
             continue
+        # the name misleads (a folded node): the tuner tensor holding these values, not one with a namesake
         best, best_d = None, SAME_VALUES
         for cand in by_shape.get(v.shape, ()):
+            if cand in claimed:
+                continue
             d = distance(v, tu_values[cand])
             if d < best_d:
                 best, best_d = cand, d
