@@ -16,10 +16,11 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Candidate
 from tuner.console import progress_printer as progress_printer  # re-exported: study/ imports it from here
 from tuner.graph import Graph, Target, load_target
-from tuner.inputs.calibrated import MappedThresholds, load_thresholds
+from tuner.inputs.calibrated import MappedThresholds
 from tuner.inputs.config import HbConfig, load_config
 from tuner.inputs.data import DataSet, dataset_from_config
 from tuner.inputs.model import LoadedModel, load_model
+from tuner.inputs.realmatch import load_thresholds
 from tuner.metrics.task import LabelSet, MetricSpec
 from tuner.simulate import Simulator
 from tuner.simulate.plan import check_node_names

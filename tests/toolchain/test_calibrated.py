@@ -1,7 +1,7 @@
 """hb_mapper's *_calibrated_model.onnx: reader, real-threshold simulation, PC check, import-calibrated.
 
-No public calibrated model exists; these build synthetic ones per hb_quantizer_facts 4.1
-(tests/calibrated_models.py) from the tests' tiny model.
+These build synthetic ones per hb_quantizer_facts 4.1 (tests/calibrated_models.py) from the tests'
+tiny model; test_calibrated_real.py reads the real toolchain's.
 """
 
 import json

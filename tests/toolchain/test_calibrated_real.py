@@ -20,7 +20,7 @@ import yaml
 from helpers import write_example_project
 
 from tuner.cli import main
-from tuner.inputs.calibrated import load_thresholds
+from tuner.inputs.realmatch import load_thresholds
 from tuner.metrics import Similarity
 from tuner.toolchain.hbexec import run_models
 from tuner.toolchain.hbrun import CompileKnobs, convert

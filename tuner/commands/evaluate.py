@@ -40,7 +40,7 @@ def real_qtype_counts(real: MappedThresholds) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.console import progress_printer
-    from tuner.inputs.calibrated import load_thresholds
+    from tuner.inputs.realmatch import load_thresholds
     from tuner.report import text
     from tuner.workspace import Workspace
 

@@ -11,7 +11,10 @@ dequantize with this one value, facts 1.5) and ``group``. Every other attribute 
 ``cali_attrs``, ``num_bins``, ``percentiles``, legacy ``bits``/``info_strings``...) is ignored, so a
 newer toolchain's extra fields do not break the reader. A malformed node is an error naming it.
 
-No public calibrated model exists: the tests build theirs from these notes.
+Checked against the real files of hb_mapper 1.24.3 (tests/toolchain/test_calibrated_real.py): their
+tensor names are those of hb_mapper's optimized graph, which tuner.inputs.realmatch.address maps
+to tuner's (by name, by producer, checked by float value); the synthetic files of the other tests
+follow these notes.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -284,7 +287,7 @@ def _check_weight_channels(n: HzNode, user: Node, dims: tuple[int, ...]) -> None
                              "is this the calibrated model of this YAML's onnx_model?")
 
 
-class _HbGraph:
+class HbGraph:
     """The graph hb_mapper calibrated (its optimized graph: the calibrated model without its
     calibration nodes), for addressing its tensors to tuner's.
 
@@ -330,7 +333,7 @@ class _HbGraph:
         self.before = {n.input[0]: n.output[0] for n in g.node if n.op_type == OP and n.output[0] in self.outputs}
 
 
-def _counterpart(t: str, hb: _HbGraph, graph: Graph, tensors: set[str]) -> str | None:
+def counterpart(t: str, hb: HbGraph, graph: Graph, tensors: set[str]) -> str | None:
     """tuner's name for the calibrated model's tensor ``t``, or None. With float values
     (:func:`match_by_value`), what they say wins over the names."""
     if t in hb.matches:
@@ -364,7 +367,7 @@ def _derived_from(name: str, known: set[str]) -> str | None:
     return best
 
 
-def _why_not(n: HzNode, hb: _HbGraph, known_nodes: set[str], known_tensors: set[str]) -> str | None:
+def _why_not(n: HzNode, hb: HbGraph, known_nodes: set[str], known_tensors: set[str]) -> str | None:
     """Why a node on a tensor without a counterpart is not compared, or None: a foreign tensor."""
     t = n.tensor
     if t in hb.matches and t in known_tensors:   # the name's tensor, checked by value: other values
@@ -392,9 +395,9 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
                  matches: dict[str, str | None] | None = None) -> MappedThresholds:
     """Address every calibration node to tuner's graph (:class:`tuner.graph.Graph`).
 
-    hb_mapper calibrates its own optimized graph (:class:`_HbGraph`: the model output's
+    hb_mapper calibrates its own optimized graph (:class:`HbGraph`: the model output's
     ``<out>_before``, the tensors of its rewrites). A tensor maps by its name, else by the node
-    that writes it (:func:`_counterpart`). A node on a tensor without a counterpart is tolerated
+    that writes it (:func:`counterpart`). A node on a tensor without a counterpart is tolerated
     (``unmapped``: "not compared", with the reason) when the tensor is one of the user's ONNX
     (tuner's optimizer fused or removed it) or is written by a node of the ONNX or of tuner's graph,
     or by one hb_mapper's optimizer named after such a node (``/Where_cast``); any other is an error
@@ -410,7 +413,7 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
         onnx_nodes = {n.name for n in onnx_model.graph.node if n.name}
     known_nodes = onnx_nodes | set(graph.by_name) | set(graph.names.rewrites)
     tensors = set(graph.activation_tensors())
-    hb = _HbGraph(cal.proto, matches)
+    hb = HbGraph(cal.proto, matches)
     by_weight: dict[str, list[str]] = {}
     for node in graph:
         for t in node.inputs:
@@ -427,7 +430,7 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
     equalized = {hn.name for hn in hb.nodes if any(t in eq_outputs for t in hn.input)}
     for n in cal.nodes:
         if n.kind == "activation":
-            mine = _counterpart(n.tensor, hb, graph, tensors)
+            mine = counterpart(n.tensor, hb, graph, tensors)
             if mine is not None:
                 _check_channels(n, graph.shapes.get(mine))
                 acts.setdefault(mine, []).append(n)
@@ -478,7 +481,7 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
                             reads=_reads(cal, hb, graph, tensors))
 
 
-def _reads(cal: CalibratedModel, hb: _HbGraph, graph: Graph, tensors: set[str]) -> dict[tuple[str, int], HzNode | None]:
+def _reads(cal: CalibratedModel, hb: HbGraph, graph: Graph, tensors: set[str]) -> dict[tuple[str, int], HzNode | None]:
     """Per activation input of the tuner nodes hb_mapper's graph has under the same name (and op
     arity), the calibration node it reads there (None: the tensor unrounded)."""
     by_output = {n.output: n for n in cal.nodes}
@@ -490,7 +493,7 @@ def _reads(cal: CalibratedModel, hb: _HbGraph, graph: Graph, tensors: set[str]) 
         for k, t in enumerate(hn.input):
             if not t or k >= len(mine.inputs) or mine.inputs[k] not in tensors:
                 continue
-            if _counterpart(hb.raw(t), hb, graph, tensors) != mine.inputs[k]:
+            if counterpart(hb.raw(t), hb, graph, tensors) != mine.inputs[k]:
                 continue          # another tensor at this index (a rewrite reordered the inputs)
             out[(hn.name, k)] = by_output.get(t)
     return out
@@ -527,82 +530,7 @@ def _same_array(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
     return x.shape == y.shape and bool(np.allclose(x, y, rtol=1e-5, atol=1e-8))
 
 
-#: relative L2 distance under which two float tensors are the same tensor (hb_mapper's folding of a
-#: BatchNormalization changes float rounding by ~1e-6)
-SAME_VALUES = 1e-4
-
-
-def match_by_value(cal: CalibratedModel, tuner_model: onnx.ModelProto, graph: Graph,
-                   sample: dict[str, np.ndarray]) -> dict[str, str | None]:
-    """Every float tensor of hb_mapper's calibrated graph -> the tuner tensor holding the same float
-    values on ``sample`` (None: none does).
-
-    Names alone mislead: hb_mapper's optimizer folds a BatchNormalization into the Conv before it and
-    the Conv's output keeps the Conv's name, with the BatchNormalization's values (PP-OCRv4: tuner's
-    ``conv2d_450.tmp_0`` is the value before the BatchNormalization, hb_mapper's the one after). So
-    the calibrated model is run with every calibration node switched off (the float graph hb_mapper
-    calibrated: its ``*_optimized_float_model.onnx`` plus the stand-ins of
-    :mod:`tuner.toolchain.calibrated_run`) next to tuner's float graph, on one sample. A tensor maps to
-    the tuner tensor of its name (or its producer's, see :func:`_counterpart`) when their values
-    agree, else to a tuner tensor of the same shape that agrees (the closest), else to nothing."""
-    from tuner.runtime.session import make_session, with_outputs
-    from tuner.toolchain.calibrated_run import runnable_model
-
-    hb = _HbGraph(cal.proto)
-    hb_model = runnable_model(cal, switch_off=True)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(hb_model)
-    except Exception:
-        inferred = hb_model
-    floats = {vi.name for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
-              if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
-    hb_names = sorted(t for t in hb.tensors if t not in hb.initializers and t in floats)
-    mine = [t for t in graph.activation_tensors() if graph.is_float(t)]
-    try:
-        hb_sess = make_session(with_outputs(hb_model, hb_names))
-        feed = {i.name: sample[i.name] for i in hb_sess.get_inputs() if i.name in sample}
-        hb_values = dict(zip(hb_names, hb_sess.run(hb_names, feed)))
-        tu_sess = make_session(with_outputs(tuner_model, mine))
-        tu_values = dict(zip(mine, tu_sess.run(mine, {i.name: sample[i.name] for i in tu_sess.get_inputs()})))
-    except Exception as exc:   # onnxruntime's own errors: fall back to the names (the caller says so)
-        raise TunerError(f"{cal.path}: cannot run its float graph next to tuner's to match tensors by value: "
-                         f"{str(exc).splitlines()[0][:200]}") from None
-    by_shape: dict[tuple[int, ...], list[str]] = {}
-    for t in mine:
-        by_shape.setdefault(np.shape(tu_values[t]), []).append(t)
-    tensors = set(mine)
-
-    def distance(a: np.ndarray, b: np.ndarray) -> float:
-        a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-        norm = max(float(np.linalg.norm(a64)), float(np.linalg.norm(b64)), 1e-12)
-        return float(np.linalg.norm(a64 - b64)) / norm
-
-    out: dict[str, str | None] = {}
-    claimed = {t for t in hb_names if t in tensors}     # tuner tensors that have a namesake in hb's graph
-    for t in hb_names:
-        v = np.asarray(hb_values[t])
-        if v.dtype.kind != "f":
-            continue
-        named = _counterpart(t, hb, graph, tensors)
-        if named is None:
-            out[t] = None      # a tensor of hb's own rewrites: equal values would be a coincidence of the data
-            continue
-        if np.shape(tu_values[named]) == v.shape and distance(v, tu_values[named]) < SAME_VALUES:
-            out[t] = named
-            continue
-        # the name misleads (a folded node): the tuner tensor holding these values, not one with a namesake
-        best, best_d = None, SAME_VALUES
-        for cand in by_shape.get(v.shape, ()):
-            if cand in claimed:
-                continue
-            d = distance(v, tu_values[cand])
-            if d < best_d:
-                best, best_d = cand, d
-        out[t] = best
-    return out
-
-
-def _counterpart_of_tuner(t: str, hb: _HbGraph, graph: Graph) -> str | None:
+def _counterpart_of_tuner(t: str, hb: HbGraph, graph: Graph) -> str | None:
     """The calibrated model's tensor for tuner's ``t`` when its name differs there: the output of the
     node of the same name (a GlobalAveragePool's ``<name>_output``)."""
     node = graph.producer.get(t)
@@ -613,29 +541,3 @@ def _counterpart_of_tuner(t: str, hb: _HbGraph, graph: Graph) -> str | None:
         return None
     k = list(node.outputs).index(t)
     return made[k] if k < len(made) else None
-
-
-def address(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto | None,
-            tuner_model: onnx.ModelProto | None = None, sample: dict[str, np.ndarray] | None = None) -> MappedThresholds:
-    """:func:`map_to_graph` by names (a file of another model is an error there), then, with tuner's
-    float model and a sample, again with the tensors matched by value (:func:`match_by_value`); when
-    the float graphs cannot be run side by side, the names stand and a note says so."""
-    by_name = map_to_graph(cal, graph, onnx_model)
-    if tuner_model is None or sample is None:
-        return by_name
-    try:
-        matches = match_by_value(cal, tuner_model, graph, sample)
-    except TunerError as exc:
-        return replace(by_name, notes=(f"{exc}; tensors matched by name only",))
-    return map_to_graph(cal, graph, onnx_model, matches)
-
-
-def load_thresholds(path: str | Path, graph: Graph, model_path: str | Path,
-                    tuner_model: onnx.ModelProto | None = None,
-                    sample: dict[str, np.ndarray] | None = None) -> MappedThresholds:
-    """The real thresholds of the calibrated model at ``path``, addressed to ``graph`` (loaded
-    from the ONNX at ``model_path``, whose tensor names tell a fused tensor from a wrong one).
-    With tuner's float model and one ``sample``, tensors are matched by their float values
-    (:func:`address`), else by their names only."""
-    return address(read_calibrated(path), graph, onnx.load(str(model_path), load_external_data=False), tuner_model,
-                   sample)

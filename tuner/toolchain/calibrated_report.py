@@ -28,9 +28,8 @@ from tuner.inputs.calibrated import (
     CalibratedModel,
     HzNode,
     MappedThresholds,
-    address,
-    load_thresholds,
 )
+from tuner.inputs.realmatch import address, load_thresholds
 from tuner.toolchain.calibrated_run import PcCheck, check_on_pc
 
 #: default's max-percentile candidate (facts 2.1), used as "the" percentile when the YAML names none
