@@ -24,9 +24,13 @@ def _cal_node(tensor: str, out: str, name: str, attrs: dict) -> onnx.NodeProto:
 
 
 def calibrate(model: onnx.ModelProto, acts: dict[str, dict], weights: dict[tuple[str, str], dict] | None = None,
-              equalized: dict[tuple[str, str], dict] | None = None) -> onnx.ModelProto:
+              equalized: dict[tuple[str, str], dict] | None = None,
+              reads: set[tuple[str, int]] | None = None) -> onnx.ModelProto:
     """``model`` with calibration nodes: ``acts`` {tensor: attrs}, ``weights`` {(weight, consumer): attrs},
-    ``equalized`` {(tensor, conv): attrs with per-channel thresholds}; attrs are HzCalibration attributes."""
+    ``equalized`` {(tensor, conv): attrs with per-channel thresholds}; attrs are HzCalibration attributes.
+    ``reads``: the (consumer, input index) pairs that read the calibrated value (default: every
+    consumer of a calibrated tensor); the others read it unrounded, as a real file's Add of a fused
+    Conv + Add does."""
     weights, equalized = weights or {}, equalized or {}
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -55,7 +59,7 @@ def calibrate(model: onnx.ModelProto, acts: dict[str, dict], weights: dict[tuple
                 before.setdefault(node.name, []).append(_cal_node(t, f"{name}_out", name,
                                                                   {"axis": 0, **weights[(t, node.name)]}))
                 node.input[k] = f"{name}_out"
-            elif t in out_of:
+            elif t in out_of and (reads is None or (node.name, k) in reads):
                 node.input[k] = out_of[t]
     nodes = list(after.get("", []))
     for node in g.node:

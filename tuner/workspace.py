@@ -16,10 +16,11 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Candidate
 from tuner.console import progress_printer as progress_printer  # re-exported: study/ imports it from here
 from tuner.graph import Graph, Target, load_target
-from tuner.inputs.calibrated import MappedThresholds, load_thresholds
+from tuner.inputs.calibrated import MappedThresholds
 from tuner.inputs.config import HbConfig, load_config
 from tuner.inputs.data import DataSet, dataset_from_config
 from tuner.inputs.model import LoadedModel, load_model
+from tuner.inputs.realmatch import load_thresholds
 from tuner.metrics.task import LabelSet, MetricSpec
 from tuner.simulate import Simulator
 from tuner.simulate.plan import check_node_names
@@ -79,7 +80,8 @@ class Workspace:
         if space.thresholds is not None:
             # the search places nodes and picks int16 around hb_mapper's real calibration: the
             # candidates' int8/int16 choices stand, the real thresholds (and uint8 nodes) apply
-            ws.real_thresholds = load_thresholds(space.thresholds, ws.graph, ws.model.path)
+            ws.real_thresholds = load_thresholds(space.thresholds, ws.graph, ws.model.path, ws.model.proto,
+                                                 ws.first_sample())
             ws.real_honour_qtypes = False
         return ws
 
@@ -88,6 +90,10 @@ class Workspace:
     user_base: Path | None = None   # the folder user metrics (file.py:function) are found relative to
     real_thresholds: MappedThresholds | None = None  # hb_mapper's, else tuner's own
     real_honour_qtypes: bool = True
+
+    def first_sample(self) -> dict:
+        """Calibration sample 0 (what a calibrated model's tensors are matched to tuner's on)."""
+        return next(iter(self.calibration_data))
 
     def use_task_metrics(self, specs: list[MetricSpec], label_patterns: dict[str, str], base: Path) -> None:
         """Compute these task metrics in every evaluation, against these label files where given."""

@@ -1,7 +1,7 @@
 """hb_mapper's *_calibrated_model.onnx: reader, real-threshold simulation, PC check, import-calibrated.
 
-No public calibrated model exists; these build synthetic ones per hb_quantizer_facts 4.1
-(tests/calibrated_models.py) from the tests' tiny model.
+These build synthetic ones per hb_quantizer_facts 4.1 (tests/calibrated_models.py) from the tests'
+tiny model; test_calibrated_real.py reads the real toolchain's.
 """
 
 import json
@@ -38,7 +38,7 @@ def own_max_model(ws, plan, scales) -> onnx.ModelProto:
     acts = {t: {"thresholds": [scales.threshold(t, "int8")]} for t in plan.quantized_tensors()}
     weights = {(ws.graph.by_name[n].inputs[1], n): {"thresholds": weight_max(model, ws.graph.by_name[n].inputs[1])}
                for n in plan.weights}
-    return calibrate(model, acts, weights)
+    return calibrate(model, acts, weights, reads=set(plan.edges) | set(plan.cpu_reads))
 
 
 def mixed_model(ws, scales) -> onnx.ModelProto:

@@ -40,7 +40,7 @@ def real_qtype_counts(real: MappedThresholds) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.console import progress_printer
-    from tuner.inputs.calibrated import load_thresholds
+    from tuner.inputs.realmatch import load_thresholds
     from tuner.report import text
     from tuner.workspace import Workspace
 
@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
                         threads=args.threads, progress=progress_printer("calibration statistics"))
     t_stats = time.perf_counter() - t0
     if args.thresholds:
-        ws.real_thresholds = load_thresholds(args.thresholds, ws.graph, ws.model.path)
+        ws.real_thresholds = load_thresholds(args.thresholds, ws.graph, ws.model.path, ws.model.proto,
+                                             ws.first_sample())
     if args.trace and args.no_nodes:
         raise TunerError("--trace shows the per-node values that --no-nodes skips; use one of them")
     ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)

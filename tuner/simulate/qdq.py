@@ -340,7 +340,18 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             w_thr = real_w(n.name) if real_w is not None else None
             if w_thr is not None and w_thr.size != tuple(w_init.dims)[w_axis % len(w_init.dims)]:
                 w_thr = None
-            if s_in is not None and s_in.axis is not None:
+            real_v = getattr(scales, "weight_values", None)
+            w_val = real_v(n.name) if real_v is not None else None
+            if w_val is not None and tuple(w_val.shape) == tuple(w_init.dims) and (s_in is None or s_in.axis is None):
+                # hb_mapper's quantized folded weight, unfolded (tuner.inputs.calibrated._unfolded)
+                digest = hashlib.sha256(w_val.tobytes()).hexdigest()[:12]
+                key_v = ("wfold", w_init.name, digest)
+                if key_v not in memo:
+                    memo[key_v] = numpy_helper.from_array(w_val, name=f"{w_init.name}__w8fold{digest}")
+                g = deconv_group(n)
+                wq, w_scales = memo[key_v], weights.scales(w_init, w_axis, g)
+                in_scale = float(s_in.scale) if s_in is not None else None
+            elif s_in is not None and s_in.axis is not None:
                 ratio = np.asarray(s_in.scale, np.float64) / s_in.dequantize_scale
                 group = int(n.attr("group", 1))
                 thr_bytes = w_thr.tobytes() if w_thr is not None else b""

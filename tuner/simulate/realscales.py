@@ -20,13 +20,15 @@ as it is. Per tensor it uses the tensor's ``HzCalibration`` node (hb_quantizer_f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from tuner.candidate import Calibration
+from tuner.graph import Graph
 from tuner.inputs.calibrated import HzNode, MappedThresholds
+from tuner.simulate.plan import Plan
 from tuner.simulate.scales import QMAX, Scale, Scales
 
 _ZP: dict[str, type[np.integer[Any]]] = {"int8": np.int8, "int16": np.int16, "uint8": np.uint8}
@@ -37,7 +39,7 @@ class RealCalibration:
     """The calibration "as hb_mapper chose it": keys sessions and scale caches like a Calibration."""
 
     real: MappedThresholds
-    fallback: Calibration = Calibration("max")
+    fallback: Any = Calibration("max")     # a Calibration (or default's resolved choice)
     honour_qtypes: bool = True
 
     type = "real"
@@ -115,9 +117,82 @@ class RealScales:
     def threshold(self, tensor: str, dtype: str = "int8") -> float:
         return self.get(tensor, dtype).threshold
 
+    def weight_values(self, consumer: str) -> np.ndarray | None:
+        """``consumer``'s fake-quantized weight where hb_mapper quantized a folded form of it
+        (MappedThresholds.folded), or None."""
+        return self.real.folded.get(consumer)
+
     def weight_thresholds(self, consumer: str) -> np.ndarray | None:
         """Real per-output-channel thresholds of ``consumer``'s weight (int8, axis 0), or None."""
         node = self.real.weights.get(consumer)
         if node is None or not node.quantizes or node.qtype != "int8":
             return None
         return np.array([refine(abs(t)) for t in node.thresholds], np.float64)
+
+
+def _grid(node: HzNode) -> str:
+    """The plan's dtype label of a calibration node (its scale comes from the node, uint8 included)."""
+    return "int16" if node.qtype == "int16" else "int8"
+
+
+def real_plan(plan: Plan, graph: Graph, real: MappedThresholds) -> Plan:
+    """``plan`` with hb_mapper's quantization points where its calibrated model shows them (``eval
+    --thresholds``: the file is the YAML's own).
+
+    * An input of a node hb_mapper's graph has under the same name reads what it reads there: the
+      value of a rounding calibration node (a quantization point, with that node's qtype), or the
+      tensor unrounded (no point: a switch-OFF node, the Add of a fused Conv + Add, ...).
+    * Any other input of a tensor hb_mapper rounds is rounded; of a tensor its graph has and rounds
+      nowhere, left float (:meth:`MappedThresholds.leaves_float`).
+    * A model output hb_mapper rounds (``<out>_before`` -> ``<out>``) is rounded in its qtype; one it
+      leaves float is not.
+    * A tensor no tensor of hb_mapper's graph holds (matched by float values: hb_mapper folded it
+      away, e.g. the per-channel Mul/Add of PP-OCRv4's blocks folded into the Conv before them) is
+      left float: hb_mapper cannot round a tensor it does not compute. Matched by names only, such
+      a tensor keeps tuner's plan and tuner's scale for the YAML's calibration (:class:`RealScales`'
+      fallback), as every tensor does in a search around the real thresholds.
+
+    A rounded tensor takes its own node's scale, not one lent by a same-scale op upstream, and
+    tuner's AdjustConvQuantParams floor does not apply to it: the real threshold already is the
+    result. BPU Softmax parts keep tuner's plan.
+    """
+    def rounding(tensor: str) -> HzNode | None:
+        return next((n for n in real.activations.get(tensor, ()) if n.quantizes), None)
+
+    edges = dict(plan.edges)
+    cpu_reads = dict(plan.cpu_reads)
+    passthrough = dict(plan.passthrough)
+    outputs = dict(plan.outputs)
+    for node in graph:
+        if node.name in plan.softmax:
+            continue
+        cpu = plan.placement.get(node.name) == "CPU"
+        for k, tensor in enumerate(node.inputs):
+            key = (node.name, k)
+            if not graph.is_activation(tensor):
+                continue
+            if key in real.reads:
+                hz = real.reads[key]
+                hz = hz if hz is not None and hz.quantizes else None
+            elif rounding(tensor) is not None:
+                hz = rounding(tensor)
+            elif real.leaves_float(tensor) or (real.by_value and tensor not in real.present):
+                hz = None
+            else:
+                continue              # unknown to the file: tuner's plan stands
+            edges.pop(key, None)
+            cpu_reads.pop(key, None)
+            passthrough.pop(key, None)
+            if hz is not None:
+                (cpu_reads if cpu else edges)[key] = (tensor, _grid(hz))
+    for out in graph.output_names:
+        hz = rounding(out)
+        if hz is not None:
+            outputs[out] = _grid(hz)
+        elif real.leaves_float(out):
+            outputs.pop(out, None)
+    own = {t for t in real.activations if rounding(t) is not None}
+    return replace(plan, edges=edges, cpu_reads=cpu_reads, passthrough=passthrough, outputs=outputs,
+                   scale_of={t: v for t, v in plan.scale_of.items() if t not in own},
+                   conv_floors={t: v for t, v in plan.conv_floors.items() if t not in own},
+                   notes=list(plan.notes))

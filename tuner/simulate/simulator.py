@@ -46,7 +46,7 @@ from tuner.simulate.calibrate import (
 )
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, weight_axis
-from tuner.simulate.realscales import RealCalibration, RealScales
+from tuner.simulate.realscales import RealCalibration, RealScales, real_plan
 from tuner.simulate.scales import Scales, ScaleTable
 
 #: The explicit calibration a candidate is simulated with: ``default`` and ``mix`` resolved, or hb_mapper's.
@@ -192,11 +192,11 @@ class Simulator:
         does (tuner.simulate.calibrate), once per (nodes, optimization)."""
         cal = candidate.calibration
         if self.real is not None:
-            # tuner's scales only where hb_mapper calibrated nothing: the YAML's method when explicit
-            fallback = cal if cal.type in ("max", "kl") else Calibration("max")
-            real = RealCalibration(self.real, fallback, self.real_honour_qtypes)
-            return real, [f"thresholds: hb_mapper's, from {self.real.source} (tuner's {fallback.describe()} "
-                          "where it calibrated nothing)"]
+            # tuner's scales only for tensors the file does not know: the YAML's method, resolved
+            # (default: the method tuner's comparison picks; mix: max)
+            real = RealCalibration(self.real, self._fallback(candidate), self.real_honour_qtypes)
+            return real, [f"thresholds: hb_mapper's, from {self.real.source} (tuner's {real.fallback.describe()} "
+                          "for tensors it does not have)"]
         if cal.type in ("max", "kl"):
             return cal, []
         if cal.type in ("load", "skip"):
@@ -206,6 +206,18 @@ class Simulator:
         if isinstance(choice, MixedCalibration):
             return choice, choice.notes(len(calibration_nodes(self.plan(candidate))))
         return choice.method, choice.notes()
+
+    def _fallback(self, candidate: Candidate) -> Calibration:
+        """The calibration whose thresholds stand in for the real ones where the file has none: the
+        YAML's own, ``default`` as tuner resolves it, ``max`` for the others (mix, load, skip)."""
+        cal = candidate.calibration
+        if cal.type in ("max", "kl"):
+            return cal
+        if cal.type == "default":
+            choice = self.choice(candidate)
+            if isinstance(choice, DefaultChoice) and isinstance(choice.method, Calibration):
+                return choice.method
+        return Calibration("max")
 
     def choice(self, candidate: Candidate) -> DefaultChoice | MixedCalibration:
         """What ``default`` (a DefaultChoice: the method and every method's score) or ``mix`` (a
@@ -266,8 +278,13 @@ class Simulator:
         return search_score(refs, [dict(zip(names, session.run(names, x))) for x in samples])
 
     # -- evaluation --------------------------------------------------------------------
-    def plan(self, candidate: Candidate) -> Plan:
-        return make_plan(self.graph, self.target, candidate)
+    def plan(self, candidate: Candidate, calibration: Resolved | None = None) -> Plan:
+        """The candidate's plan; under real thresholds whose qtypes are honoured (``eval --thresholds``),
+        with hb_mapper's quantization points from its calibrated model (realscales.real_plan)."""
+        plan = make_plan(self.graph, self.target, candidate)
+        if isinstance(calibration, RealCalibration) and calibration.honour_qtypes:
+            plan = real_plan(plan, self.graph, calibration.real)
+        return plan
 
     def evaluate(self, candidate: Candidate, per_node: bool = False, per_sample: bool = False) -> Evaluation:
         """``per_sample``: also each sample's output figures (``Evaluation.samples``), for the
@@ -285,7 +302,7 @@ class Simulator:
         """(simulated, float) values of ``names`` on one sample: for debugging and tests. ``plain``:
         in default's comparison model of a per-channel method (qdq.build_sim_model)."""
         calibration, _ = self.resolve(candidate)
-        plan = self.plan(candidate)
+        plan = self.plan(candidate, calibration)
         raw = {t: f"{t}__raw" for t in plan.outputs}
         session = self._session(candidate, calibration, plan, list(names), plain=plain)
         sim_names = [raw.get(t, t) if t not in self.model.output_names else t for t in names]
@@ -312,7 +329,7 @@ class Simulator:
 
     def _run(self, candidate: Candidate, calibration: Resolved, per_node: bool,
              per_sample: bool = False) -> Evaluation:
-        plan = self.plan(candidate)
+        plan = self.plan(candidate, calibration)
         extra = [n.outputs[0] for n in self.graph
                  if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
         if per_node:   # a BPU Softmax's parts are rows of their own, as in hb_mapper's table

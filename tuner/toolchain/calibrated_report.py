@@ -23,7 +23,13 @@ import onnx
 
 from tuner.calib.methods import hb_kernel_percentile
 from tuner.console import table
-from tuner.inputs.calibrated import QMAX, CalibratedModel, HzNode, MappedThresholds, load_thresholds, map_to_graph
+from tuner.inputs.calibrated import (
+    QMAX,
+    CalibratedModel,
+    HzNode,
+    MappedThresholds,
+)
+from tuner.inputs.realmatch import address, load_thresholds
 from tuner.toolchain.calibrated_run import PcCheck, check_on_pc
 
 #: default's max-percentile candidate (facts 2.1), used as "the" percentile when the YAML names none
@@ -249,7 +255,7 @@ def plan_differences(mapped: MappedThresholds, plan, scales, graph) -> list[Plan
 def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = True) -> CalibratedReport:
     """Compare ``cal`` with what tuner simulates for the workspace's YAML (tuner.workspace.Workspace)."""
     original = onnx.load(str(ws.model.path), load_external_data=False)
-    mapped = map_to_graph(cal, ws.graph, original)
+    mapped = address(cal, ws.graph, original, ws.model.proto, ws.first_sample())
     sim = ws.simulator
     candidate = ws.base_candidate()
     calibration, notes = sim.resolve(candidate)
@@ -291,7 +297,8 @@ def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = 
     report = CalibratedReport(source=str(cal.path), config=str(ws.config.path), calibration=calibration.describe(),
                               nodes=len(cal.nodes), rows=rows,
                               differences=plan_differences(mapped, plan, scales, ws.graph),
-                              unmapped=[(u.node.name, u.reason) for u in mapped.unmapped], notes=list(notes))
+                              unmapped=[(u.node.name, u.reason) for u in mapped.unmapped],
+                              notes=list(notes) + list(mapped.notes))
     if reading and yaml_cal.max_percentile is not None:
         report.percentile = percentile_reading(ws, mapped, yaml_cal.max_percentile)
     elif reading:
@@ -335,4 +342,4 @@ def percentile_reading(ws, mapped: MappedThresholds, p: float) -> PercentileRead
 
 def real_thresholds(ws, path) -> MappedThresholds:
     """The real thresholds of the calibrated model at ``path``, addressed to the workspace's graph."""
-    return load_thresholds(path, ws.graph, ws.model.path)
+    return load_thresholds(path, ws.graph, ws.model.path, ws.model.proto, ws.first_sample())

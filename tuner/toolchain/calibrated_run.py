@@ -24,50 +24,17 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.errors import TunerError
-from tuner.inputs.calibrated import OP, QMAX, CalibratedModel, HzNode
+from tuner.inputs.calibrated import OP, CalibratedModel
+from tuner.inputs.hzops import HORIZON, WithInput, plain_model
 from tuner.metrics import Similarity
 from tuner.runtime import fakequant
 from tuner.runtime.session import make_session, run_samples
 from tuner.simulate.realscales import node_scale
 
-HORIZON = "horizon"
 MS = "com.microsoft"
-FLOAT_STANDINS = ("HzSwish", "HzHardSwish", "HzMish", "HzGelu", "HzPreprocess")
 
 
-def _const(name: str, value: float) -> TensorProto:
-    return numpy_helper.from_array(np.array(value, np.float32), name)
-
-
-def _standin(node: onnx.NodeProto, inits: list[TensorProto]) -> list[onnx.NodeProto]:
-    """Float nodes computing what the fused ``horizon`` op ``node`` computes."""
-    x, y, p = node.input[0], node.output[0], f"{node.name or node.output[0]}__float"
-    kind = node.op_type
-    if kind == "HzPreprocess":
-        return [helper.make_node("Identity", [x], [y], name=p)]
-    if kind == "HzSwish":
-        return [helper.make_node("Sigmoid", [x], [f"{p}_s"], name=f"{p}_sigmoid"),
-                helper.make_node("Mul", [x, f"{p}_s"], [y], name=f"{p}_mul")]
-    if kind == "HzHardSwish":
-        return [helper.make_node("HardSigmoid", [x], [f"{p}_s"], name=f"{p}_hsig", alpha=1.0 / 6.0, beta=0.5),
-                helper.make_node("Mul", [x, f"{p}_s"], [y], name=f"{p}_mul")]
-    if kind == "HzMish":
-        return [helper.make_node("Softplus", [x], [f"{p}_sp"], name=f"{p}_softplus"),
-                helper.make_node("Tanh", [f"{p}_sp"], [f"{p}_t"], name=f"{p}_tanh"),
-                helper.make_node("Mul", [x, f"{p}_t"], [y], name=f"{p}_mul")]
-    if kind == "HzGelu":
-        inits += [_const(f"{p}_rsqrt2", 1.0 / math.sqrt(2.0)), _const(f"{p}_one", 1.0), _const(f"{p}_half", 0.5)]
-        return [helper.make_node("Mul", [x, f"{p}_rsqrt2"], [f"{p}_a"], name=f"{p}_scale"),
-                helper.make_node("Erf", [f"{p}_a"], [f"{p}_e"], name=f"{p}_erf"),
-                helper.make_node("Add", [f"{p}_e", f"{p}_one"], [f"{p}_b"], name=f"{p}_add"),
-                helper.make_node("Mul", [x, f"{p}_b"], [f"{p}_c"], name=f"{p}_mul"),
-                helper.make_node("Mul", [f"{p}_c", f"{p}_half"], [y], name=f"{p}_half_mul")]
-    raise TunerError(f"node {node.name!r} ({node.op_type}, domain horizon): no float stand-in is known for this "
-                     f"Horizon op (known: HzCalibration, {', '.join(FLOAT_STANDINS)}), so the calibrated model "
-                     "cannot run in plain onnxruntime")
-
-
-def _fake_quant(hz: _WithInput, inits: list[TensorProto], fused: bool) -> list[onnx.NodeProto]:
+def _fake_quant(hz: WithInput, inits: list[TensorProto], fused: bool) -> list[onnx.NodeProto]:
     s = node_scale(hz.node, hz.qtype, channel=len(hz.thresholds) > 1)
     base = hz.name
     scale = np.asarray(s.scale, np.float32)
@@ -95,62 +62,9 @@ def runnable_model(cal: CalibratedModel, switch_off: bool = False, fused: bool |
     """``cal`` with every Horizon op replaced (module docstring); ``switch_off``: every calibration node
     an identity (the float model as hb_mapper has it, to check the stand-ins)."""
     fused = fakequant.library() is not None if fused is None else fused
-    by_output = {n.output: n for n in cal.nodes}
-    model = onnx.ModelProto()
-    model.CopyFrom(cal.proto)
-    g = model.graph
-    inits: list[TensorProto] = []
-    nodes: list[onnx.NodeProto] = []
-    for node in g.node:
-        if node.op_type == OP:
-            hz = _WithInput(by_output[node.output[0]], node.input[0])
-            if (switch_off or not hz.quantizes) and hz.dequantize_scale is not None and hz.per_channel:
-                # the float value the equalized Conv expects: x * dequantize_scale / s_c (its weight was
-                # pre-scaled by s_c / dequantize_scale); a plain identity would leave that scaling in
-                ratio = hz.dequantize_scale * QMAX.get(hz.qtype, 127) / np.array([max(abs(t), 1e-30) for t in hz.thresholds])
-                inits.append(numpy_helper.from_array(ratio.astype(np.float32).reshape(-1, 1, 1), f"{hz.name}__unscale"))
-                nodes.append(helper.make_node("Mul", [hz.tensor_input, f"{hz.name}__unscale"], [hz.output],
-                                              name=f"{hz.name}__off"))
-            elif switch_off or not hz.quantizes:
-                if not switch_off and hz.on and hz.qtype == "float16":
-                    nodes += [helper.make_node("Cast", [hz.tensor_input], [f"{hz.name}__f16"], name=f"{hz.name}__to16",
-                                               to=TensorProto.FLOAT16),
-                              helper.make_node("Cast", [f"{hz.name}__f16"], [hz.output], name=f"{hz.name}__to32",
-                                               to=TensorProto.FLOAT)]
-                else:
-                    nodes.append(helper.make_node("Identity", [hz.tensor_input], [hz.output], name=f"{hz.name}__off"))
-            else:
-                nodes += _fake_quant(hz, inits, fused)
-        elif node.domain == HORIZON or node.op_type.startswith("Hz"):
-            nodes += _standin(node, inits)
-        else:
-            nodes.append(node)
-    del g.node[:]
-    g.node.extend(nodes)
-    g.initializer.extend(inits)
-    keep = [o for o in model.opset_import if o.domain != HORIZON]
-    del model.opset_import[:]
-    model.opset_import.extend(keep)
-    have = {o.domain for o in model.opset_import}
-    if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("", 13))
-    for domain in sorted({n.domain for n in nodes} & {MS, fakequant.DOMAIN} - have):
-        model.opset_import.append(helper.make_opsetid(domain, 1))
-    return model
-
-
-class _WithInput:
-    """An HzNode with the tensor its ONNX node reads (another calibration node's output, maybe)."""
-
-    def __init__(self, hz: HzNode, tensor_input: str):
-        self._hz, self.tensor_input = hz, tensor_input
-
-    @property
-    def node(self) -> HzNode:
-        return self._hz
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._hz, name)
+    if switch_off:
+        return plain_model(cal)
+    return plain_model(cal, lambda hz, inits: _fake_quant(hz, inits, fused))
 
 
 @dataclass
