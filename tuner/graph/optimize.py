@@ -58,6 +58,9 @@ HZ_DOMAIN = "tuner.hz"
 HZ_KINDS = ("HzSwish", "HzHardSwish", "HzMish", "HzGelu", "HzChannelScale")
 
 NOOP_OPS = ("Identity", "Dropout")
+#: Shape ops that are no-ops when their output has their input's shape (hb's optimized graph drops
+#: them: the example's Expand + Reshape before its ScatterND are gone there).
+SAME_SHAPE_NOOPS = ("Expand", "Reshape", "Flatten", "Squeeze", "Unsqueeze")
 #: Element-wise ops a fused activation region may contain.
 _REGION_OPS = frozenset({"Sigmoid", "HardSigmoid", "Tanh", "Softplus", "Erf", "Exp", "Log", "Clip", "Relu",
                          "Add", "Sub", "Mul", "Div", "Pow", "Sqrt"})
@@ -79,8 +82,10 @@ def optimize(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, NameMap]:
     original = {n.name for n in model.graph.node}
     _fold(model, names)
     _drop_noops(model, names)
+    _fold_batchnorm(model, names)
     _fuse_activations(model, names)
     _split_div(model, names)
+    _split_where(model, names)
     _lower_channel_scales(model, names, original)
     if any(r.nodes for r in names.rewrites.values()) or model.functions:
         if model.ir_version < 8:
@@ -166,8 +171,12 @@ def _drop_noops(model: onnx.ModelProto, names: NameMap) -> None:
     rename: dict[str, str] = {}
     keep = []
     producer = {o: n for n in graph.node for o in n.output}
+    shapes = _shapes(model)
     for node in graph.node:
         noop = node.op_type in NOOP_OPS and node.domain in ("", "ai.onnx") and node.input and node.input[0]
+        if node.op_type in SAME_SHAPE_NOOPS and node.domain in ("", "ai.onnx") and node.input and node.output:
+            src_shape = shapes.get(node.input[0])
+            noop = src_shape is not None and src_shape == shapes.get(node.output[0])
         if noop and node.op_type == "Dropout" and (len(node.output) > 1 and node.output[1]):
             noop = False   # its mask is read: keep it (CPU)
         if not noop:
@@ -197,6 +206,95 @@ def _drop_noops(model: onnx.ModelProto, names: NameMap) -> None:
             node.input[k] = t
     del graph.node[:]
     graph.node.extend(keep)
+
+
+# -- BatchNormalization folded into its Conv ------------------------------------------------
+
+
+def _fold_batchnorm(model: onnx.ModelProto, names: NameMap) -> None:
+    """What hb's optimizer folds into a Conv or ConvTranspose (the real toolchain's optimized graph: no
+    BN after a Conv, whose bias is then ``<conv>_hz_bias``, and a ConvTranspose quantized after its
+    bias; notes on hmct's placement rules, 5): an ``Add`` of a per-channel constant read by the Conv
+    alone becomes its bias, then a BatchNormalization likewise becomes its weight and bias. The Conv
+    writes the folded node's output. Unfolded, tuner quantized between them: PP-OCRv4's detector
+    (BNs after two Convs and after a ConvTranspose + bias Add) simulated set_all_nodes_int16 to
+    cosine 0 (the real quantized model: 0.988)."""
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    users = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    producer = {o: n for n in graph.node for o in n.output}
+    drop: set[int] = set()
+    for add in graph.node:     # Conv + Add(per-channel constant) -> the Conv's bias
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        x = next((t for t in add.input if t not in consts), None)
+        c = next((t for t in add.input if t in consts), None)
+        conv = producer.get(x) if x is not None else None
+        if conv is None or c is None or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 \
+                or conv.input[1] not in consts or x in outputs or len(users.get(x, [])) != 1:
+            continue
+        group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+        axis = 0 if conv.op_type == "Conv" else 1
+        w_dims = tuple(consts[conv.input[1]].dims)
+        c_out = w_dims[axis] * (group if conv.op_type == "ConvTranspose" else 1)
+        cv = numpy_helper.to_array(consts[c]).astype(np.float64)
+        if cv.size != c_out or (cv.ndim >= 3 and cv.shape[-3] != c_out) or (cv.ndim == 2 and cv.shape[0] != c_out):
+            continue
+        b = (numpy_helper.to_array(consts[conv.input[2]]).astype(np.float64) if len(conv.input) > 2 and conv.input[2]
+             and conv.input[2] in consts else np.zeros(c_out))
+        b_name = f"{conv.name or conv.output[0]}_hz_bias"
+        while b_name in consts:
+            b_name += "_"
+        t = numpy_helper.from_array((b + cv.reshape(-1)).astype(np.float32), b_name)
+        graph.initializer.append(t)
+        consts[b_name] = t
+        del conv.input[2:]
+        conv.input.append(b_name)
+        conv.output[0] = add.output[0]
+        producer[add.output[0]] = conv
+        drop.add(id(add))
+        names.rewrites[add.name] = Rewrite(add.name, "Add", (), (), None, f"Add of a constant folded into {conv.name}")
+    for bn in graph.node:
+        if bn.op_type != "BatchNormalization" or len(bn.input) < 5 or len(bn.output) != 1 and any(bn.output[1:]):
+            continue
+        conv = producer.get(bn.input[0])
+        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 \
+                or conv.input[1] not in consts or bn.input[0] in outputs or len(users.get(bn.input[0], [])) != 1:
+            continue
+        if not all(t in consts for t in bn.input[1:5]):
+            continue
+        group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+        axis = 0 if conv.op_type == "Conv" else 1
+        if conv.op_type == "ConvTranspose" and group != 1:
+            continue   # its output channels are not one weight axis
+        w = numpy_helper.to_array(consts[conv.input[1]]).astype(np.float64)
+        c_out = w.shape[axis]
+        b = (numpy_helper.to_array(consts[conv.input[2]]).astype(np.float64) if len(conv.input) > 2 and conv.input[2]
+             and conv.input[2] in consts else np.zeros(c_out))
+        gamma, beta, mean, var = (numpy_helper.to_array(consts[t]).astype(np.float64) for t in bn.input[1:5])
+        if gamma.size != c_out:
+            continue
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        k = gamma / np.sqrt(var + eps)
+        shape = [1] * w.ndim
+        shape[axis] = c_out
+        w_name, b_name = f"{conv.name or conv.output[0]}_hz_weight", f"{conv.name or conv.output[0]}_hz_bias_bn"
+        graph.initializer.extend([numpy_helper.from_array((w * k.reshape(shape)).astype(np.float32), w_name),
+                                  numpy_helper.from_array(((b - mean) * k + beta).astype(np.float32), b_name)])
+        del conv.input[1:]
+        conv.input.extend([w_name, b_name])
+        conv.output[0] = bn.output[0]
+        drop.add(id(bn))
+        names.rewrites[bn.name] = Rewrite(bn.name, "BatchNormalization", (), (), None,
+                                          f"BatchNormalization folded into {conv.name}")
+    if drop:
+        keep = [n for n in graph.node if id(n) not in drop]
+        del graph.node[:]
+        graph.node.extend(keep)
+        used = {t for n in graph.node for t in n.input} | outputs
+        for t in [t for t in graph.initializer if t.name not in used]:
+            graph.initializer.remove(t)
 
 
 # -- fused activations -----------------------------------------------------------------------
@@ -370,6 +468,51 @@ def _split_div(model: onnx.ModelProto, names: NameMap) -> None:
             new_nodes.append(helper.make_node("Mul", [a, rec_out], list(n.output), name=mul_name))
             names.rewrites[n.name] = Rewrite(n.name, "Div", (rec_name, mul_name), ((0, mul_name, 0), (1, rec_name, 0)),
                                              mul_name, "Div split into Reciprocal + Mul")
+        changed = True
+    if changed:
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+
+
+def _split_where(model: onnx.ModelProto, names: NameMap) -> None:
+    """``Where(c, a, b)`` of float tensors becomes ``c' * a + (c' == 0) * b`` with ``c' = Cast(c)``, as
+    hb's optimized graph has it (the example's ``/Where``): CPU ``<name>_cast`` (Cast),
+    ``<name>_equal`` (Equal with the constant ``<name>_equal_zeroinput``) and
+    ``<name>_equal_output_cast`` (Cast), BPU ``<name>_mul_x``, ``<name>_mul_y`` (Mul) and ``<name>_add``
+    (Add, which writes the Where's output). The float values are the same for c in {0, 1}."""
+    graph = model.graph
+    consts = {t.name for t in graph.initializer}
+    float_types = {vi.name: vi.type.tensor_type.elem_type for vi in list(graph.input) + list(graph.value_info)
+                   + list(graph.output)}
+    used = {n.name for n in graph.node}
+    new_nodes = []
+    changed = False
+    for n in graph.node:
+        if n.op_type != "Where" or n.domain not in ("", "ai.onnx") or len(n.input) != 3:
+            new_nodes.append(n)
+            continue
+        c, a, b = n.input
+        if a in consts or b in consts or float_types.get(a) != onnx.TensorProto.FLOAT \
+                or float_types.get(b) != onnx.TensorProto.FLOAT:
+            new_nodes.append(n)
+            continue
+        base = n.name
+        cast, mul_x, equal, ecast, mul_y, add = (_unique(f"{base}_{p}", used) for p in
+                                                 ("cast", "mul_x", "equal", "equal_output_cast", "mul_y", "add"))
+        zero = _unique(f"{base}_equal_zeroinput", consts)
+        consts.add(zero)
+        graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), zero))
+        t_cast, t_mx, t_eq, t_ecast, t_my = (f"{base}_cast_output", f"{base}_mul_x_output", f"{base}_equal_output",
+                                            f"{base}_equal_output_cast_output", f"{base}_mul_y_output")
+        new_nodes += [helper.make_node("Cast", [c], [t_cast], name=cast, to=onnx.TensorProto.FLOAT),
+                      helper.make_node("Mul", [t_cast, a], [t_mx], name=mul_x),
+                      helper.make_node("Equal", [t_cast, zero], [t_eq], name=equal),
+                      helper.make_node("Cast", [t_eq], [t_ecast], name=ecast, to=onnx.TensorProto.FLOAT),
+                      helper.make_node("Mul", [t_ecast, b], [t_my], name=mul_y),
+                      helper.make_node("Add", [t_mx, t_my], list(n.output), name=add)]
+        names.rewrites[n.name] = Rewrite(n.name, "Where", (cast, mul_x, equal, ecast, mul_y, add),
+                                         ((0, cast, 0), (1, mul_x, 1), (2, mul_y, 1)), add,
+                                         "Where split into Cast/Equal/Cast (CPU) and Mul/Mul/Add (BPU)")
         changed = True
     if changed:
         del graph.node[:]

@@ -27,8 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.candidate import Candidate
+from tuner.errors import TunerError
 from tuner.graph import Graph, Node, Target, fused_edges, fusion_groups
 from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
+from tuner.simulate.sharing import threshold_sources
 
 INT8, INT16 = "int8", "int16"
 ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "PRelu"}
@@ -116,6 +118,13 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         else:
             placement[node.name] = "CPU"
 
+    if placement and not any(p == "BPU" for p in placement.values()):
+        # hb_mapper converts such a YAML up to the compile step and then stops (exit 255): "There is no
+        # node can execute on BPU in this model, please make sure the model has at least one
+        # (Conv/Gemm/MatMul) node which is also supported by BPU." (hmct/compiler/hybrid_build.py,
+        # measured; one BPU Add is enough to pass).
+        raise TunerError("hb_mapper refuses this configuration: there is no node on the BPU (\"There is no node "
+                         "can execute on BPU in this model\"); keep at least one node on the BPU")
     groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
 
     def emits16(node: Node) -> bool:
@@ -139,7 +148,33 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
             return False
         return asked and emits16(node)
 
-    out16 = {n.name: placement[n.name] == "BPU" and wants_out16(n) for n in graph}
+    def leaves_in_int32(name: str) -> bool:
+        node = graph.by_name[name]
+        group = groups.get(name)
+        head = group[0] if group and group[-1].name == name else node
+        tail_ok = node.op_type not in ACTIVATIONS
+        return head.op_type in target.int32_output_ops and tail_ok and not target.output_int8_only(head.proto)
+
+    outputs_set = set(graph.output_names)
+
+    def high_precision(node: Node) -> bool:
+        """A BPU node whose output no BPU node reads (its readers are CPU nodes, or it is a model
+        output) leaves the BPU in high precision: a Conv group in int32 (leaves_in_int32), any other op
+        that may emit int16 in int16 with the same threshold (hb's ``<out>_before`` int16 node at a model
+        output). A Sigmoid's table output stayed int8. Measured on the real toolchain (notes on hmct's
+        placement rules, 1b: A_cpu_conv4, A2_cpu_mulout; the example's ``depth_before`` and
+        ``/Sub_1_output_0`` are int16 in every configuration)."""
+        if node.op_type == "Sigmoid" or not node.outputs or leaves_in_int32(node.name) or not emits16(node):
+            return False
+        if not target.int16_output(node.op_type, node.proto):
+            return False
+        for o in node.outputs:
+            readers = graph.consumers.get(o, [])
+            if any(placement[c.name] == "BPU" for c, _ in readers) or not (readers or o in outputs_set):
+                return False
+        return True
+
+    out16 = {n.name: placement[n.name] == "BPU" and (wants_out16(n) or high_precision(n)) for n in graph}
     fused = fused_edges(graph, target)
     edges: dict[tuple[str, int], tuple[str, str]] = {}
     cpu_reads: dict[tuple[str, int], tuple[str, str]] = {}
@@ -148,13 +183,6 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     passthrough: dict[tuple[str, int], tuple[str, str]] = {}
     scale_of: dict[str, str] = {}
     conv_floors: dict[str, tuple[str, str]] = {}
-
-    def leaves_in_int32(name: str) -> bool:
-        node = graph.by_name[name]
-        group = groups.get(name)
-        head = group[0] if group and group[-1].name == name else node
-        tail_ok = node.op_type not in ACTIVATIONS
-        return head.op_type in target.int32_output_ops and tail_ok and not target.output_int8_only(head.proto)
 
     # Tensors already on a quantization grid: outputs of passive BPU ops whose input was
     # quantized. tensor -> (tensor whose scale applies, dtype).
@@ -238,6 +266,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                and n.inputs[target.weight_ops[n.op_type][0]] in graph.initializers]
 
     subgraph = _subgraphs(graph, placement)
+    scale_of = threshold_sources(graph, target, candidate, placement, scale_of)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
                 scale_of=scale_of, notes=notes, conv_floors=conv_floors, softmax=softmax, internal=internal)

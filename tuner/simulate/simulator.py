@@ -449,9 +449,12 @@ class Simulator:
         scales = self.scales(calibration)
         rows = []
         for node in self.graph:
-            quantized = [plan.edges[(node.name, k)] for k, _ in self.graph.data_inputs(node)
-                         if (node.name, k) in plan.edges]
-            thr = scales.threshold(*quantized[0]) if quantized else None
+            # the input's threshold as hb's table prints it: the tensor whose statistics it is quantized
+            # with (shared thresholds, same-scale ops: plan.scale_of), or the grid a passive op kept
+            quantized = [q for k, _ in self.graph.data_inputs(node)
+                         if (q := plan.edges.get((node.name, k)) or plan.passthrough.get((node.name, k)))]
+            thr = scales.threshold(plan.scale_of.get(quantized[0][0], quantized[0][0]), quantized[0][1]) \
+                if quantized else None
             out = node.outputs[0] if node.outputs else None
             if node.name in plan.softmax:
                 rows.extend(self._softmax_rows(node, plan, scales, sims, thr))

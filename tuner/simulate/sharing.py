@@ -1,0 +1,135 @@
+"""Which tensor's statistics give a quantization point its threshold: hb_mapper's post-calibration.
+
+hmct puts a calibration node on each tensor a compute op reads (looking through pass-through ops),
+calibrates every node on its own, then its post-calibration pass (compiled code,
+``create_post_calibrated_model``, called from ``hmct/quantizer/calibrater/activation/post_calibration.py``)
+makes groups of tensors that must share one grid use one threshold. Measured with the real
+toolchain (hb_mapper 1.24.3, hmct 1.1.0) on controlled models, from the calibrated models'
+``HzCalibration`` thresholds (notes on hmct's placement rules, sections 2a-2d), and on the example:
+
+* **Pass-through groups.** A pass-through op on the BPU (Slice, Split, Gather, Reshape, Transpose,
+  MaxPool, Resize, ...; hmct's ``can_be_skipped`` list in ``hmct/common/misc/find_calibration_node.py``,
+  plus Resize, observed) joins its input and its outputs into one group. A splitting op (Slice,
+  Split, Gather) on the CPU joins too while the tensor it reads has a BPU reader.
+* **Concat.** A Concat input that only the Concat reads joins the Concat's output (its producer
+  quantizes straight at the Concat's scale); an input another op reads keeps its own threshold and
+  is requantized to the Concat's (``HzRequantize``), which the consumer's rounding of the Concat output
+  models.
+* **The group's threshold.** The group's root (the tensor no member produces) when it has a
+  calibration node of its own: a compute op on the BPU reads it directly, or one of its pass-through
+  readers carries a ``node_info`` entry other than ``ON: CPU`` (an ``InputType``, ``OutputType`` or
+  ``ON: BPU`` each put one there). Otherwise the **first** calibrated member in graph order: the
+  tensor a compute op reads, whose producer comes first. On the bundled example the 5-channel input
+  is read by three Slices, the first taking RGB (0..1): the radar range (0..80 m) is quantized with
+  threshold 1.0 under ``max``, and per_channel, set_all_nodes_int16 (the group becomes int16 with
+  the same threshold) and ``ON: CPU`` on one Slice change nothing (all measured). The depth head's
+  Conv output, read through a Resize and two Slices by two Sigmoids, takes the first Sigmoid input's
+  threshold (5.49897 there).
+
+:func:`threshold_sources` returns tensor -> the tensor whose statistics it is quantized with, resolved
+to the end of each chain, merged into :attr:`tuner.simulate.plan.Plan.scale_of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tuner.candidate import Candidate
+from tuner.graph import Graph, Target
+
+#: Readers that split a tensor into parts sharing its grid; they join a group on the CPU too.
+SPLIT_OPS = frozenset({"Slice", "Split", "Gather"})
+#: Same-scale ops that join a group like the passive ones (Resize observed; AveragePool computes).
+THROUGH_SAME_SCALE = frozenset({"Resize", "Upsample"})
+
+
+class _Groups:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, x: str) -> str:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement: Mapping[str, str]) -> dict[str, str]:
+    """tensor -> the group member whose threshold it takes (only tensors of groups of two or more)."""
+    through = set(target.passive_ops) | THROUGH_SAME_SCALE
+    entries = {name for name, s in candidate.nodes if s.on != "CPU" and s.to_dict()}
+    order = {n.name: i for i, n in enumerate(graph)}
+    groups = _Groups()
+    joined: set[tuple[str, str]] = set()     # (reader, tensor) edges that are group links, not reads
+
+    def has_bpu_reader(t: str) -> bool:
+        return any(placement[c.name] == "BPU" for c, _ in graph.consumers.get(t, []))
+
+    for node in graph:
+        data = graph.data_inputs(node)
+        if node.op_type in through and data and node.outputs:
+            t = data[0][1]
+            if placement[node.name] == "BPU" or (node.op_type in SPLIT_OPS and has_bpu_reader(t)):
+                for o in node.outputs:
+                    groups.union(t, o)
+                joined.add((node.name, t))
+        elif node.op_type == "Concat" and placement[node.name] == "BPU" and node.outputs:
+            for _, t in data:
+                if len(graph.consumers.get(t, [])) == 1:
+                    groups.union(node.outputs[0], t)
+                    joined.add((node.name, t))
+    # outputs of the joining nodes: a member they write is derived from the group, not its root
+    derived = {o for name, _ in joined for o in graph.by_name[name].outputs}
+    members: dict[str, list[str]] = {}
+    for t in list(groups.parent):
+        members.setdefault(groups.find(t), []).append(t)
+    out: dict[str, str] = {}
+    for group in members.values():
+        if len(group) < 2:
+            continue
+        roots = [t for t in group if t not in derived]
+
+        def calibrated(t: str) -> bool:
+            for c, _ in graph.consumers.get(t, []):
+                if placement[c.name] == "BPU" and (c.name, t) not in joined:
+                    return True
+            return False
+
+        source = None
+        for root in roots:
+            if calibrated(root) or any(c.name in entries for c, _ in graph.consumers.get(root, [])
+                                       if (c.name, root) in joined):
+                source = root
+                break
+        if source is None:
+            cands = [t for t in group if calibrated(t)]
+            if not cands:
+                continue
+            source = min(cands, key=lambda t: (order[p.name] if (p := graph.producer.get(t)) is not None else -1, t))
+        for t in group:
+            if t != source:
+                out[t] = source
+    return out
+
+
+def threshold_sources(graph: Graph, target: Target, candidate: Candidate, placement: Mapping[str, str],
+                      scale_of: Mapping[str, str]) -> dict[str, str]:
+    """``scale_of`` (a plan's same-scale links) with hb's threshold sharing, every entry resolved to
+    the tensor at the end of its chain. The groups win over the same-scale links they cover."""
+    links = dict(scale_of)
+    links.update(shared_groups(graph, target, candidate, placement))
+
+    def resolve(t: str) -> str:
+        seen = {t}
+        while t in links and links[t] not in seen:
+            t = links[t]
+            seen.add(t)
+        return t
+
+    return {t: r for t in links if (r := resolve(t)) != t}
