@@ -31,7 +31,7 @@ def test_eval_json_has_outputs_nodes_and_fingerprints(tiny_project):
     assert 0.5 < data["outputs"]["seg"]["cosine"] <= 1.0
     assert len(data["model"]["sha256"]) == 64 and len(data["calibration_data"]["sha256"]) == 64
     assert data["counts"]["subgraphs"] == 2
-    assert {r["node"] for r in data["nodes"]} >= {"/stem/Conv", "/gate/Where"}
+    assert {r["node"] for r in data["nodes"]} >= {"/stem/Conv", "/gate/Where_cast", "/gate/Where_add"}
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly(tiny_project):
@@ -159,8 +159,10 @@ def test_eval_trace_shows_where_error_enters_and_the_switches(tiny_project):
     data = json.loads(r.stdout)
     trace = {row["node"]: row for row in data["trace"]}
     assert [row["node"] for row in data["trace"]] == [n["node"] for n in data["nodes"]]
-    assert trace["/gate/Where"]["on"] == "CPU" and "BPU->CPU" in trace["/gate/Where"]["switch"]
-    assert "CPU->BPU" in trace["/head/Concat"]["switch"]
+    # hb splits Where: its casts run on the CPU, its Mul/Mul/Add on the BPU (Greater reads the BPU Conv)
+    assert trace["/gate/Greater"]["on"] == "CPU" and "BPU->CPU" in trace["/gate/Greater"]["switch"]
+    assert trace["/gate/Where_cast"]["on"] == "CPU"
+    assert "CPU->BPU" in trace["/gate/Where_mul_x"]["switch"]
     # change = own cosine - worst input cosine; the first quantized conv loses accuracy
     stem = trace["/stem/Conv"]
     assert stem["change"] < 0 and abs(stem["change"] - (stem["cosine"] - 1.0)) < 1e-12

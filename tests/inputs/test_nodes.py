@@ -17,7 +17,10 @@ def test_nodes_lists_hb_names_default_placement_and_int16_keys(tiny_project):
     rows = {r.name: r for r in list_nodes(tiny_project)}
     # hb_mapper's names after its optimizer: the Mul by a constant is a lowered HzChannelScale
     assert rows["/head/depth/Mul"].op_type == "HzChannelScale"
-    assert rows["/gate/Where"].default == "CPU" and rows["/gate/Where"].placements == ("CPU",)
+    # hb's optimizer splits Where into Cast/Equal/Cast (CPU) and Mul/Mul/Add (BPU), folds the BN into its Conv
+    assert rows["/gate/Where_cast"].default == "CPU" and rows["/gate/Where_cast"].placements == ("CPU",)
+    assert rows["/gate/Where_add"].default == "BPU"
+    assert "/gate/Where" not in rows and "/stem/BatchNormalization" not in rows
     assert rows["/gate/Greater"].default == "CPU" and "BPU" in rows["/gate/Greater"].placements
     assert rows["/stem/Conv"].int16 == ("InputType", "OutputType")
     assert [r.name for r in list_nodes(tiny_project, op="conv")] == ["/stem/Conv", "/res/Conv", "/gate/Conv",
@@ -38,7 +41,7 @@ def test_nodes_command_and_a_name_from_another_model(tiny_project, tmp_path):
     assert data[0] == {"name": "/stem/Conv", "op_type": "Conv", "default": "BPU", "placements": ["BPU", "CPU"],
                        "int16": ["InputType", "OutputType"], "node_info": None}
     r = run("nodes", tiny_project)
-    assert r.returncode == 0 and "/gate/Where" in r.stdout and "16 node(s)" in r.stdout
+    assert r.returncode == 0 and "/gate/Where_mul_x" in r.stdout and "20 node(s)" in r.stdout
     # node_info naming a node of another model: the model's own names as examples
     text = tiny_project.read_text().replace("  node_info: {}", "  node_info: {'Conv_170': {'ON': 'CPU'}}")
     tiny_project.write_text(text)

@@ -52,14 +52,25 @@ def test_fusion_edges_are_not_quantized(graph, target):
 def test_outputs_int32_for_conv_int8_otherwise(graph, target):
     plan = plan_for(graph, target)
     assert "seg" not in plan.outputs          # Conv leaves the BPU in int32
-    assert plan.outputs["depth"] == "int8"    # Mul output is rounded to int8
+    # a model output no BPU node reads leaves the BPU in high precision: int16 with the same threshold
+    # (hb's <out>_before int16 node; the example's depth output and /Sub_1 are int16 in every config)
+    assert plan.outputs["depth"] == "int16"
     assert plan.out_dtype["/head/seg/Conv"] == "int32"
 
 
 def test_bpu_to_cpu_edges_dequantize_the_producer_output(graph, target):
-    plan = plan_for(graph, target)
-    assert plan.cpu_reads[("/gate/Where", 1)] == ("/gate/mul_out", "int8")
-    assert ("/gate/Greater", 0) not in plan.cpu_reads  # Conv output leaves in int32
+    plan = plan_for(graph, target, {"/gate/Mul": {"ON": "CPU"}})
+    # on this (unoptimized) graph /res/relu_out is read by the CPU Mul and the CPU Where only: it leaves the
+    # BPU in int16 at the same threshold (measured: a tensor no BPU node reads, from a non-Conv producer)
+    assert plan.cpu_reads[("/gate/Mul", 0)] == ("/res/relu_out", "int16")
+    # with one BPU reader more it stays int8: the CPU node reads what the BPU reader reads
+    plan2 = plan_for(graph, target, {"/gate/Mul": {"ON": "CPU"}, "/gate/Where": {"ON": "BPU"}})
+    if plan2.placement["/gate/Where"] == "BPU":
+        assert plan2.cpu_reads[("/gate/Mul", 0)] == ("/res/relu_out", "int8")
+    # a Sigmoid's table output stays int8 even when only a CPU node reads it (measured)
+    assert plan.cpu_reads[("/gate/Mul", 1)] == ("/gate/sig_out", "int8")
+    # the CPU Greater reads /gate/Conv_out as the BPU Sigmoid does (one quantizer per tensor)
+    assert plan.cpu_reads[("/gate/Greater", 0)] == ("/gate/Conv_out", "int8")
 
 
 def test_cpu_placement_splits_and_requantizes(graph, target):

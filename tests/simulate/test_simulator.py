@@ -19,12 +19,18 @@ def ws(tmp_path_factory):
     return Workspace.open(write_tiny_project(tmp_path_factory.mktemp("sim")))
 
 
-def test_a_cpu_node_on_float_inputs_is_exactly_float(ws):
-    cand = Candidate.make(Calibration("max"), {"/stem/Conv": {"ON": "CPU"}})
+def test_a_cpu_node_reads_what_its_bpu_neighbours_read(ws):
+    """One quantizer per tensor (measured on the real toolchain): the CPU stem Conv reads the model input
+    quantized while the BPU gate Conv reads it too; with both on the CPU the input stays float and the CPU
+    Conv computes exactly the float value. (hb folds the BN into the stem Conv: it writes /stem/bn_out.)"""
     sample = next(iter(ws.eval_data))
-    sim, ref = ws.simulator.tensors(cand, ["/stem/Conv_out", "/res/Conv_out"], sample)
-    np.testing.assert_array_equal(sim["/stem/Conv_out"], ref["/stem/Conv_out"])
+    both = Candidate.make(Calibration("max"), {"/stem/Conv": {"ON": "CPU"}, "/gate/Conv": {"ON": "CPU"}})
+    sim, ref = ws.simulator.tensors(both, ["/stem/bn_out", "/res/Conv_out"], sample)
+    np.testing.assert_array_equal(sim["/stem/bn_out"], ref["/stem/bn_out"])
     assert not np.array_equal(sim["/res/Conv_out"], ref["/res/Conv_out"])  # downstream BPU nodes are quantized
+    one = Candidate.make(Calibration("max"), {"/stem/Conv": {"ON": "CPU"}})
+    sim1, _ = ws.simulator.tensors(one, ["/stem/bn_out"], sample)
+    assert not np.array_equal(sim1["/stem/bn_out"], ref["/stem/bn_out"])
 
 
 def test_int16_scales_are_closer_to_float_than_int8_for_every_tensor(ws):
@@ -38,7 +44,7 @@ def test_int16_scales_are_closer_to_float_than_int8_for_every_tensor(ws):
         for dtype, qmax in (("int8", 127), ("int16", 32767)):
             s = float(table.get(t, dtype).scale)
             errs[dtype] = np.abs(np.clip(np.round(x / s), -qmax, qmax) * s - x).max()
-        assert errs["int16"] < errs["int8"], t
+        assert errs["int16"] < errs["int8"] or errs["int8"] == 0, t   # a 0/1 tensor (Where's casts) is exact
 
 
 def test_int16_everywhere_beats_int8_at_the_outputs(ws):
@@ -49,10 +55,15 @@ def test_int16_everywhere_beats_int8_at_the_outputs(ws):
 
 
 def test_per_channel_helps_when_one_input_channel_is_on_another_scale(ws):
-    """Channel 3 of the tiny model's input is 50x the others (like radar range in metres)."""
-    per_tensor = ws.simulator.evaluate(Candidate.make(Calibration("max")))
-    per_channel = ws.simulator.evaluate(Candidate.make(Calibration("max", per_channel=True)))
-    assert per_channel.mean_cosine > per_tensor.mean_cosine
+    """Channel 3 of the tiny model's input is 50x the others (like radar range in metres): per-channel
+    scales on it (equalized into the stem Conv) bring the stem Conv's output closer to float. (The model
+    outputs need not follow: hb's shared Concat threshold and int32 outputs decide them.)"""
+    sample = next(iter(ws.eval_data))
+    errs = {}
+    for pc in (False, True):
+        sim, ref = ws.simulator.tensors(Candidate.make(Calibration("max", per_channel=pc)), ["/stem/bn_out"], sample)
+        errs[pc] = float(np.abs(sim["/stem/bn_out"] - ref["/stem/bn_out"]).mean())
+    assert errs[True] < errs[False]
 
 
 def test_default_calibration_is_the_search_winner_evaluated_on_the_evaluation_set(ws):

@@ -1,8 +1,10 @@
 """The trim of the winner and the one-line fixes: the tiny model, real onnxruntime, real Optuna.
 
-On the tiny model under ``max`` per-tensor, all int8 scores mean cosine 0.99798; /gate/Conv (which
-reads the input with its x50 channel) with an int16 input scores 0.99929, while int16 or the CPU
-on /res/Add, /head/depth/Sigmoid or /head/seg/Conv moves it by less than 1e-4.
+On the tiny model under ``max`` per-tensor, all int8 scores mean cosine 0.99761; /gate/Conv (which
+reads the input with its x50 channel) with an int16 input scores 0.99940, while int16 or the CPU
+on /res/Add, /head/depth/Sigmoid or /head/seg/Conv moves it by less than 1e-4. No calibration-only
+change beats the base YAML (per_channel 0.99700: hb's comparison and deployment give per-channel
+scales to few tensors).
 """
 
 import subprocess
@@ -50,7 +52,7 @@ def test_trim_keeps_exactly_the_decision_that_meets_the_floor(tmp_path):
     assert t.removed[0].param == "node:/head/seg/Conv" and t.removed[-1].param == "max_percentile"
     assert t.minimal.accuracy >= 0.999 and t.minimal.latency_ms < start.latency_ms
     assert t.candidate == r.candidate({**base, "node:/gate/Conv": "BPU:int16"})
-    assert t.kept[0].accuracy_drop > 0.001        # without it: all int8, 0.99798
+    assert t.kept[0].accuracy_drop > 0.001        # without it: all int8, 0.99761
     assert t.criterion == "mean_cosine >= 0.999"
     assert len(calls) == len(set(calls)) == t.scored - 1      # each candidate evaluated once, the winner not again
 
@@ -72,19 +74,19 @@ def test_one_line_fixes_are_the_completed_calibration_only_trials(tmp_path):
     from tuner.study.results import rows
     from tuner.study.trim import criterion
 
-    s = session(tmp_path, "objectives:\n  mode: pareto\n  min_accuracy: 0.9985\n")
+    s = session(tmp_path, "objectives:\n  mode: pareto\n  min_accuracy: 0.9972\n")
     n = sum(label.startswith("baseline") for label, _ in s.warm_start_plans())
     study, _ = run(s, n_trials=n, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
     meets, _ = criterion(s.objectives, rs[0].trial_record)
-    fixes = one_line_fixes(s.resolved, rs, meets, 0.9985)
+    fixes = one_line_fixes(s.resolved, rs, meets, 0.9972)
     assert len(fixes) == n == 6                      # every baseline is one, the base YAML's own included
     by_change = {f.change: f for f in fixes}
-    assert by_change["per_channel: True"].feasible and by_change["max_percentile: 0.9999, per_channel: True"].feasible
     as_is = by_change["(the base YAML as it is)"]
-    assert not as_is.feasible and abs(as_is.below - (0.9985 - as_is.record.accuracy)) < 1e-12
-    assert by_change["per_channel: True"].below is None
-    assert fixes[0].change == "max_percentile: 0.9999, per_channel: True"     # feasible first, most accurate first
+    assert as_is.feasible and by_change["max_percentile: 0.9999"].feasible and as_is.below is None
+    pc = by_change["per_channel: True"]
+    assert not pc.feasible and abs(pc.below - (0.9972 - pc.record.accuracy)) < 1e-12
+    assert fixes[0].change == "(the base YAML as it is)"     # feasible first, most accurate first
     assert [f.feasible for f in fixes] == sorted((f.feasible for f in fixes), reverse=True)
 
 
@@ -105,6 +107,7 @@ def test_search_writes_best_minimal_and_prints_the_one_line_fix(tmp_path):
     assert any(line.startswith("best.yaml (trial ") for line in lines)
     assert any(f"{minimal} keeps " in line for line in lines)
     at = next(i for i, line in enumerate(lines) if line.startswith("one-line fixes (calibration only"))
-    assert lines[at].endswith("meeting mean_cosine >= 0.9985:")
-    assert lines[at + 1].startswith("  max_percentile: 0.9999, per_channel: True -> acc 0.998914, latency ")
-    assert lines[at + 2].startswith("  per_channel: True -> acc 0.998775")
+    # no calibration-only change reaches the floor (the int16 /gate/Conv does): the closest are listed
+    assert lines[at].endswith("none meets mean_cosine >= 0.9985; the closest:")
+    assert lines[at + 1].startswith("  (the base YAML as it is) -> acc 0.997607 (0.00089 below), latency ")
+    assert lines[at + 2].startswith("  max_percentile: 0.9999 -> acc 0.997334")

@@ -33,9 +33,14 @@ def project(tmp_path_factory):
 
 
 def own_max_model(ws, plan, scales) -> onnx.ModelProto:
-    """A calibrated model whose thresholds are tuner's own max thresholds (activations and weights)."""
-    model = build_tiny_model()
-    acts = {t: {"thresholds": [scales.threshold(t, "int8")]} for t in plan.quantized_tensors()}
+    """A calibrated model whose thresholds are tuner's own max thresholds (activations and weights), on the
+    graph hb's optimizer leaves (a real calibrated model's: BN folded, Where split), with the qtypes and
+    shared thresholds of tuner's plan."""
+    model = onnx.ModelProto()
+    model.CopyFrom(ws.model.proto)
+    dtypes = {t: d for t, d in list(plan.edges.values()) + list(plan.cpu_reads.values()) + list(plan.outputs.items())}
+    acts = {t: {"thresholds": [scales.threshold(plan.scale_of.get(t, t), dtypes.get(t, "int8"))],
+                "qtype": dtypes.get(t, "int8")} for t in plan.quantized_tensors()}
     weights = {(ws.graph.by_name[n].inputs[1], n): {"thresholds": weight_max(model, ws.graph.by_name[n].inputs[1])}
                for n in plan.weights}
     return calibrate(model, acts, weights, reads=set(plan.edges) | set(plan.cpu_reads))
@@ -377,6 +382,19 @@ def pooled_thresholds(model, data, tensors, p):
     return {t: float(np.quantile(np.concatenate(v), p)) for t, v in pooled.items()}
 
 
+def hb_like_graph() -> onnx.ModelProto:
+    """The tiny model as hb's optimizer leaves it where that matters to a calibrated model's tensors (its BN
+    folded into the stem Conv, its Where split into Cast/Equal/Cast + Mul/Mul/Add), in plain ONNX ops."""
+    from tuner.graph.names import NameMap
+    from tuner.graph.optimize import _fold_batchnorm, _split_where
+
+    model = onnx.shape_inference.infer_shapes(build_tiny_model())
+    names = NameMap()
+    _fold_batchnorm(model, names)
+    _split_where(model, names)
+    return model
+
+
 def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     """Thresholds made with the running-max reading are recognised as such, per tensor and overall."""
 
@@ -388,7 +406,8 @@ def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     running, q, n = running_max_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
     assert q == pytest.approx(kernel_percentile(0.999, 8)) and q == pytest.approx(0.992) and n == 8
     path = tmp_path / "pct_calibrated_model.onnx"
-    onnx.save(calibrate(build_tiny_model(), {t: {"thresholds": [running[t]]} for t in tensors}), str(path))
+    hb_graph = hb_like_graph()
+    onnx.save(calibrate(hb_graph, {t: {"thresholds": [running[t]]} for t in tensors}), str(path))
     report = build_report(ws, read_calibrated(path), run_pc=False)
     p = report.percentile
     assert p is not None and p.kernel_percentile == pytest.approx(0.992)
@@ -400,7 +419,7 @@ def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     assert "the thresholds support the running-max p'-quantile" in capsys.readouterr().out
     # thresholds made with the other reading are recognised as that one
     pooled = pooled_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
-    onnx.save(calibrate(build_tiny_model(), {t: {"thresholds": [pooled[t]]} for t in tensors}), str(path))
+    onnx.save(calibrate(hb_graph, {t: {"thresholds": [pooled[t]]} for t in tensors}), str(path))
     p = build_report(ws, read_calibrated(path), run_pc=False).percentile
     assert p is not None and p.verdict == "pooled" and p.pooled_wins > p.running_max_wins
     assert main(["import-calibrated", str(path), str(cfg), "--json"]) == 0

@@ -51,7 +51,7 @@ def test_import_log_compares_real_and_simulated_per_node(project):
     assert comp["summary"]["spearman"] > 0.8
     assert comp["summary"]["output_cosine_gap"] < 0
     # rows the tool inserted have no model node; the CPU Where is CPU on both sides
-    assert "HZ_PREPROCESS_FOR_x" in comp["log_only"] and nodes["/gate/Where"]["real_on"] == "CPU"
+    assert "HZ_PREPROCESS_FOR_x" in comp["log_only"] and nodes["/gate/Where_cast"]["real_on"] == "CPU"
     assert not comp["summary"]["placement_differs"]
     # thresholds side by side (the stand-in's are 1 % above the simulator's)
     conv = nodes["/res/Conv"]

@@ -228,10 +228,12 @@ def _fold_batchnorm(model: onnx.ModelProto, names: NameMap) -> None:
     for add in graph.node:     # Conv + Add(per-channel constant) -> the Conv's bias
         if add.op_type != "Add" or len(add.input) != 2:
             continue
-        x = next((t for t in add.input if t not in consts), None)
-        c = next((t for t in add.input if t in consts), None)
-        conv = producer.get(x) if x is not None else None
-        if conv is None or c is None or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 \
+        x = next((str(t) for t in add.input if t not in consts), None)
+        c = next((str(t) for t in add.input if t in consts), None)
+        if x is None or c is None:
+            continue
+        conv = producer.get(x)
+        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 \
                 or conv.input[1] not in consts or x in outputs or len(users.get(x, [])) != 1:
             continue
         group = next((a.i for a in conv.attribute if a.name == "group"), 1)

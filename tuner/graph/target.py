@@ -44,6 +44,9 @@ class Target:
     int8_output_only: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     # AdjustConvQuantParams: int16-input Conv outputs get a threshold floor (hb_quantizer_facts 3.3)
     adjust_int16_conv_output: bool = False
+    # hb's post-calibration rules (tuner.simulate.sharing, plan's high-precision outputs, one quantizer per
+    # tensor for CPU readers); off in the onnxruntime-semantics oracle (tuner.simulate.oracle)
+    post_calibration: bool = True
 
     def bpu_capable(self, op_type: str) -> bool:
         return op_type in self.bpu_ops or op_type in self.bpu_default_cpu

@@ -89,11 +89,13 @@ def ort_semantics(target: Target) -> Target:
     quantize_static knows no Horizon fusion groups and no int32 outputs; its data-movement
     ops (QDQDirect8BitOp and friends) quantize their output "same as input", Resize and
     AveragePool included; Relu and Clip get their own output scale; and, with scales forced
-    through overrides, Conv biases stay float. Comparing the simulator with it like for like
-    needs the same rules.
+    through overrides, Conv biases stay float. It shares no thresholds across groups, rounds
+    outputs in int8 and lets a CPU node read float (hb's post-calibration rules off). Comparing
+    the simulator with it like for like needs the same rules.
     """
     return dataclasses.replace(
         target, fusion_patterns=(), lut_ops=frozenset(), int32_output_ops=frozenset(), quantize_bias=False,
+        post_calibration=False,
         passive_ops=frozenset({"Slice", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Split",
                                "Gather", "GatherElements", "MaxPool", "TopK"}),
         same_scale_ops=frozenset({"Resize", "AveragePool"}))

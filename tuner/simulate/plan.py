@@ -164,7 +164,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         output). A Sigmoid's table output stayed int8. Measured on the real toolchain (notes on hmct's
         placement rules, 1b: A_cpu_conv4, A2_cpu_mulout; the example's ``depth_before`` and
         ``/Sub_1_output_0`` are int16 in every configuration)."""
-        if node.op_type == "Sigmoid" or not node.outputs or leaves_in_int32(node.name) or not emits16(node):
+        if not target.post_calibration or node.op_type == "Sigmoid" or not node.outputs \
+                or leaves_in_int32(node.name) or not emits16(node):
             return False
         if not target.int16_output(node.op_type, node.proto):
             return False
@@ -241,6 +242,16 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         else:
             in_dtype[node.name] = "float"
 
+    # One quantizer per tensor (measured, notes 1a): a CPU node reads a tensor that a BPU node also reads
+    # as that BPU node reads it (the same int8/int16 values), whoever produced it: a model input too.
+    quantized_as = {t: d for t, d in edges.values()} if target.post_calibration else {}
+    for node in graph:
+        if placement[node.name] == "BPU":
+            continue
+        for k, tensor in graph.data_inputs(node):
+            if (node.name, k) not in cpu_reads and tensor in quantized_as:
+                cpu_reads[(node.name, k)] = (tensor, quantized_as[tensor])
+
     outputs: dict[str, str] = {}
     model_out16 = "set_model_output_int16" in opts
     for out in graph.output_names:
@@ -266,10 +277,30 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                and n.inputs[target.weight_ops[n.op_type][0]] in graph.initializers]
 
     subgraph = _subgraphs(graph, placement)
-    scale_of = threshold_sources(graph, target, candidate, placement, scale_of)
+    if target.post_calibration:
+        scale_of = threshold_sources(graph, target, candidate, placement, scale_of)
+        _int16_groups(graph, target, edges, passthrough, scale_of, in_dtype)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
                 scale_of=scale_of, notes=notes, conv_floors=conv_floors, softmax=softmax, internal=internal)
+
+
+def _int16_groups(graph: Graph, target: Target, edges: dict[tuple[str, int], tuple[str, str]],
+                  passthrough: dict[tuple[str, int], tuple[str, str]], scale_of: dict[str, str],
+                  in_dtype: dict[str, str]) -> None:
+    """One quantizer per threshold group: when a tensor of a group (hb's shared thresholds, or one tensor
+    read by several nodes) is quantized in int16 anywhere, every BPU reader that may take int16 reads it
+    in int16 (measured: int16 on one of the example's input Slices makes the input and every Slice output
+    int16 at the input's threshold, and the Slices' consumers read int16: B_s1_16, the example's best.yaml)."""
+    wide = {scale_of.get(t, t) for t, d in list(edges.values()) + list(passthrough.values()) if d == INT16}
+    if not wide:
+        return
+    for (name, k), (tensor, dtype) in list(edges.items()):
+        node = graph.by_name.get(name)
+        if dtype == INT8 and node is not None and scale_of.get(tensor, tensor) in wide \
+                and target.int16_input(node.op_type, k):
+            edges[(name, k)] = (tensor, INT16)
+            in_dtype[name] = INT16
 
 
 def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, str]

@@ -245,7 +245,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         if key in made:
             return made[key]
         s = scales.get(plan.scale_of.get(tensor, tensor), dtype, channel)
-        if s.axis is not None and plain_per_channel:
+        if s.axis is not None and (plain_per_channel or tensor in plan.scale_of):
             shape = graph.shapes.get(tensor)   # a scale lent by another tensor (scale_of) must fit this one
             if shape is None or len(shape) < 2 or shape[1] != np.size(s.scale):
                 s = scales.get(plan.scale_of.get(tensor, tensor), dtype, False)
@@ -279,7 +279,9 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     weighted = set(plan.weights)
     # per_channel activation scales only on the data input of a (weighted, BPU) Conv: hb_mapper
     # deploys them by equalizing that Conv's weights (tuner.simulate.scales).
-    equalized = set() if plain_per_channel else {node for (node, k) in plan.edges if k == 0 and node in weighted
+    # A tensor that takes another's threshold (hb's shared groups, plan.scale_of) stays per-tensor.
+    equalized = set() if plain_per_channel else {node for (node, k), (t, _) in plan.edges.items()
+                                                  if k == 0 and node in weighted and t not in plan.scale_of
                                                   and graph.by_name[node].op_type == "Conv"}
     for (node, k), (tensor, dtype) in plan.edges.items():
         inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor),

@@ -9,6 +9,7 @@ evaluation data through it once.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import OrderedDict
@@ -227,8 +228,16 @@ class Simulator:
             raise ValueError(f"calibration_type {kind!r} has no search")
         key = (kind, candidate.nodes, candidate.optimization)
         if key not in self._choices:
+            seen: dict[Calibration, float] = {}
+
             def score(method: Calibration) -> float:
-                return self._search_score(candidate, method)
+                # hmct's comparison scores a per-channel method exactly as its per-tensor twin (observed by
+                # wrapping it: every twin tied; its per-channel kl runs the per-tensor kernel), so the twin's
+                # score is reused and the tie rule decides between them
+                twin = dataclasses.replace(method, per_channel=False)
+                if twin not in seen:
+                    seen[twin] = self._search_score(candidate, twin)
+                return seen[twin]
             if kind == "default":
                 self._choices[key] = choose_default(score)
             else:
