@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -22,6 +23,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))     # the suite's models and cases (tests/fidelity_suite.py)
+
+
+def _machine() -> str:
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {name}"
 
 
 def main() -> int:
@@ -47,8 +60,8 @@ def main() -> int:
             results += done
             summaries.append(suite_summary(name, done))
     header = (f"# Fidelity: tuner's simulation against the real toolchain\n\n"
-              f"Toolchain {tc.fingerprint}; `python benchmarks/fidelity.py` on {platform.machine()} "
-              f"({platform.processor() or 'cpu'}), {time.perf_counter() - t0:.0f} s with the cache as it was. "
+              f"Toolchain {tc.fingerprint}; `python benchmarks/fidelity.py` on {_machine()}, "
+              f"{time.perf_counter() - t0:.0f} s with the cache as it was. "
               "'real' is the tool's quantized model (what the .bin computes), run with hmct's executor; 'sim' is "
               "`tuner eval` of the same YAML on the same samples (pooled plain cosine, SQNR in dB). The second "
               "table is on the log's terms (calibration sample 0, hb's eps cosine per node).\n\n")

@@ -59,11 +59,12 @@ def test_staged_promotes_cumulatively_then_falls_back_to_cpu(tiny):
                   for n in d.nodes if n in alone}
     assert int16[1] == {n for n in promotable if alone[n] < 0.9999}
     assert int16[2] == {n for n in promotable if alone[n] < 0.99999} and int16[1] < int16[2]
-    # then CPU fallback, most sensitive first, one node per step, until every BPU node is on the CPU
+    # then CPU fallback, most sensitive first, one node per step, until one BPU node is left: the next
+    # step would leave none, which hb_mapper refuses ("There is no node can execute on BPU")
     cpu = [{n for n, s in score.candidate.nodes if s.on == "CPU"} for _, score in res.steps[2:]]
     moved = [next(iter(b - a)) for a, b in zip(cpu, cpu[1:])]
     assert [alone[n] for n in moved] == sorted(alone[n] for n in moved)
-    assert set(moved) == set(alone) and res.steps[-1][1].accuracy == pytest.approx(1.0)
+    assert len(set(alone) - set(moved)) == 1 and set(moved) < set(alone)
     # a goal met by the first stage stops there
     goal = Goal(min_accuracy=res.steps[1][1].accuracy)
     if not goal.met(res.steps[0][1].accuracy):

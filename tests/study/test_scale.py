@@ -157,7 +157,7 @@ def _kill_one_mid_trial(tmp_path, name, storage, procs_alive, min_running):
         if len(running) >= min_running:
             time.sleep(0.5)  # past the suggestions, into the (held) evaluation
             victim = next(t for t in trials_of(name, storage, tmp_path) if t.number == running[0].number)
-            assert victim.state == TrialState.RUNNING and len(victim.params) == 18  # 15 nodes + 3 calibration knobs
+            assert victim.state == TrialState.RUNNING and len(victim.params) == 21  # 18 nodes + 3 calibration knobs
             pid = victim.user_attrs["worker"]["pid"]
             os.kill(pid, signal.SIGKILL)
             return pid, victim.number, trials

@@ -125,10 +125,13 @@ def test_resolve_decisions_and_candidates(tmp_path, graph):
     r = resolve(space, graph, t, Candidate.make(Calibration("max")))
     params = {d.param: d.choices[-1] for d in r.decisions}      # every free node on CPU
     params.update(calibration_type="max", max_percentile=0.9999, per_channel=True)
+    with pytest.raises(TunerError, match="no node on the BPU"):   # hb_mapper refuses it too
+        make_plan(graph, t, r.candidate(params))
+    params[r.decisions[0].param] = r.decisions[0].choices[0]    # all but one
     cand = r.candidate(params)
     assert cand.calibration == Calibration("max", 0.9999, True)
     plan = make_plan(graph, t, cand)
-    assert set(plan.cpu_nodes) >= {d.nodes[0] for d in r.decisions}
+    assert set(plan.cpu_nodes) >= {d.nodes[0] for d in r.decisions[1:]}
     # parameters for a known candidate reproduce it
     assert r.candidate(r.params_for(cand.calibration, params)) == cand
     # kl ignores the percentile: two parameter sets, one candidate

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.cost import CostModel
+from tuner.errors import TunerError
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Simulator
 from tuner.study.space import Decision, ResolvedSpace
@@ -145,13 +146,18 @@ def _cpu_one_by_one(resolved: ResolvedSpace, scorer: Scorer, goal: Goal, calibra
                     result: BaselineResult, ranked: list[Decision], choices: dict[str, str]) -> bool:
     """Both recipes' last resort: move decisions to the CPU in ``ranked`` order, one per step
     (keeping ``choices`` made so far), until ``goal`` is met. Decisions hb_mapper already puts
-    on the CPU, or that cannot go there, are skipped."""
+    on the CPU, or that cannot go there, are skipped. The recipe ends where the next step would leave
+    no node on the BPU: hb_mapper refuses that configuration (tuner.simulate.plan.make_plan)."""
     for dec in ranked:
         if "CPU" not in dec.choices or dec.default_choice == "CPU":
             continue
         choices[dec.param] = "CPU"
-        if _run_steps(resolved, scorer, goal, calibration, result, f"+CPU {dec.param}", choices):
-            return True
+        try:
+            if _run_steps(resolved, scorer, goal, calibration, result, f"+CPU {dec.param}", choices):
+                return True
+        except TunerError:
+            del choices[dec.param]
+            return False
     return False
 
 
