@@ -27,26 +27,24 @@ from tuner.toolchain.fidelity import Case
 
 INT16 = {"InputType": "int16", "OutputType": "int16"}
 
-EXAMPLE_CASES = (
+#: The configurations both models run: every calibration the issue names, and set_all_nodes_int16.
+CALIBRATIONS = (
     Case("max"),
     Case("percentile", {"calibration_type": "max", "max_percentile": 0.99995}),
     Case("kl", {"calibration_type": "kl"}),
     Case("default", {"calibration_type": "default"}),
     Case("per_channel", {"calibration_type": "max", "per_channel": True}),
     Case("all_int16", optimization="set_all_nodes_int16"),
+)
+
+EXAMPLE_CASES = CALIBRATIONS + (
     Case("int16_2convs", node_info={"/stem/conv/Conv": dict(INT16), "/fuse/conv/Conv": dict(INT16)}),
     Case("cpu_interior", node_info={"/Mul_1": {"ON": "CPU"}}),
     Case("cpu_slice", node_info={"/Slice": {"ON": "CPU"}}),
     Case("best", {"calibration_type": "default"}, node_info={"/Slice": dict(INT16)}),
 )
 
-PPOCR_CASES = (
-    Case("max"),
-    Case("percentile", {"calibration_type": "max", "max_percentile": 0.99995}),
-    Case("kl", {"calibration_type": "kl"}),
-    Case("default", {"calibration_type": "default"}),
-    Case("per_channel", {"calibration_type": "max", "per_channel": True}),
-    Case("all_int16", optimization="set_all_nodes_int16"),
+PPOCR_CASES = CALIBRATIONS + (
     Case("int16_2convs", node_info={"p2o.Conv.0": dict(INT16), "p2o.Conv.61": dict(INT16)}),
     Case("cpu_interior", node_info={"p2o.Mul.110": {"ON": "CPU"}}),
 )

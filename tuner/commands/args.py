@@ -127,3 +127,10 @@ def workers(p: Parser) -> None:
 def preprocess(p: Parser) -> None:
     p.add_argument("--preprocess", help="your preprocessing: 'module:function' or 'path/to/file.py:function' "
                                         "(default: read and resize the images as the YAML's input parameters say)")
+
+
+def optimize_level(p: Parser, prefix: str = "") -> None:
+    """The compile level of a conversion by the real toolchain (tuner toolchain run, verify --local)."""
+    p.add_argument("--optimize-level", choices=("O0", "O1", "O2", "O3"),
+                   help=prefix + "compile at this level (O0 is fastest and gives the same quantized model; hbdk's "
+                                 "latency estimate is then O0's; default: the YAML's)")

@@ -13,8 +13,6 @@ from tuner.commands import args as a
 from tuner.console import say, table
 from tuner.errors import TunerError
 
-OPT_LEVELS = ("O0", "O1", "O2", "O3")
-
 
 def status(args: argparse.Namespace) -> int:
     from tuner.toolchain.installed import INSTALL_HINT, PINNED, find_toolchain, toolchain_dir
@@ -161,9 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.data(q)
     a.limit(q)
     a.threads(q)
-    q.add_argument("--optimize-level", choices=OPT_LEVELS,
-                   help="compile at this level (O0: fastest; the quantized model is the same, the latency estimate "
-                        "is not; default: the YAML's)")
+    a.optimize_level(q)
     q.add_argument("--jobs", type=a.positive_int, help="compiler jobs")
     q.add_argument("--core-num", type=a.positive_int, help="BPU cores to compile for")
     q.add_argument("--debug", action="store_true", help="hbdk's per-layer tables (compiler_parameters.debug)")

@@ -207,9 +207,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", action="store_true",
                    help="convert with the toolchain installed here ('tuner toolchain'), run its quantized model on "
                         "the study's evaluation data and score it as the simulation is scored")
-    p.add_argument("--optimize-level", choices=("O0", "O1", "O2", "O3"),
-                   help="with --local: compile at this level (O0 is fastest and gives the same quantized model; "
-                        "hbdk's latency estimate is then O0's; default: the YAML's)")
+    a.optimize_level(p, "with --local: ")
     p.add_argument("--top", type=a.positive_int, help="the K best trials (default: the whole Pareto front)")
     p.add_argument("--trials", help="these trial numbers, e.g. 12,40")
     a.timeout(p, "per trial (seconds, or 30m, 2h); the command is killed after it")

@@ -44,6 +44,7 @@ Not modelled here: folding affine ``Mul``/``Add`` by constants into a preceding 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
@@ -440,40 +441,50 @@ def _fuse_activations(model: onnx.ModelProto, names: NameMap) -> None:
 # -- Div -------------------------------------------------------------------------------------
 
 
+def _rewrite_each(graph: onnx.GraphProto, rewrite: Callable[[onnx.NodeProto], list[onnx.NodeProto] | None]) -> None:
+    """Replace each node by the nodes ``rewrite`` returns for it, in place (None: the node stays)."""
+    new_nodes: list[onnx.NodeProto] = []
+    changed = False
+    for n in graph.node:
+        out = rewrite(n)
+        if out is None:
+            new_nodes.append(n)
+        else:
+            new_nodes.extend(out)
+            changed = True
+    if changed:
+        del graph.node[:]
+        graph.node.extend(new_nodes)
+
+
 def _split_div(model: onnx.ModelProto, names: NameMap) -> None:
     graph = model.graph
     consts = {t.name: t for t in graph.initializer}
     used = {n.name for n in graph.node}
-    new_nodes = []
-    changed = False
-    for n in graph.node:
+
+    def split(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         if n.op_type != "Div" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
-            new_nodes.append(n)
-            continue
+            return None
         a, b = n.input
         mul_name = _unique(f"{n.name}_mul", used)
         if b in consts:
             arr = numpy_helper.to_array(consts[b])
             if not np.issubdtype(arr.dtype, np.floating) or not np.all(arr != 0):
-                new_nodes.append(n)
-                continue
+                return None
             rc = numpy_helper.from_array((1.0 / arr).astype(arr.dtype), _unique(f"{b}_reciprocal", set(consts)))
             graph.initializer.append(rc)
             consts[rc.name] = rc
-            new_nodes.append(helper.make_node("Mul", [a, rc.name], list(n.output), name=mul_name))
             names.rewrites[n.name] = Rewrite(n.name, "Div", (mul_name,), ((0, mul_name, 0),), mul_name,
                                              "Div by a constant became a Mul")
-        else:
-            rec_name = _unique(f"{n.name}_reciprocal", used)
-            rec_out = f"{n.output[0]}__reciprocal"
-            new_nodes.append(helper.make_node("Reciprocal", [b], [rec_out], name=rec_name))
-            new_nodes.append(helper.make_node("Mul", [a, rec_out], list(n.output), name=mul_name))
-            names.rewrites[n.name] = Rewrite(n.name, "Div", (rec_name, mul_name), ((0, mul_name, 0), (1, rec_name, 0)),
-                                             mul_name, "Div split into Reciprocal + Mul")
-        changed = True
-    if changed:
-        del graph.node[:]
-        graph.node.extend(new_nodes)
+            return [helper.make_node("Mul", [a, rc.name], list(n.output), name=mul_name)]
+        rec_name = _unique(f"{n.name}_reciprocal", used)
+        rec_out = f"{n.output[0]}__reciprocal"
+        names.rewrites[n.name] = Rewrite(n.name, "Div", (rec_name, mul_name), ((0, mul_name, 0), (1, rec_name, 0)),
+                                         mul_name, "Div split into Reciprocal + Mul")
+        return [helper.make_node("Reciprocal", [b], [rec_out], name=rec_name),
+                helper.make_node("Mul", [a, rec_out], list(n.output), name=mul_name)]
+
+    _rewrite_each(graph, split)
 
 
 def _split_where(model: onnx.ModelProto, names: NameMap) -> None:
@@ -487,17 +498,14 @@ def _split_where(model: onnx.ModelProto, names: NameMap) -> None:
     float_types = {vi.name: vi.type.tensor_type.elem_type for vi in list(graph.input) + list(graph.value_info)
                    + list(graph.output)}
     used = {n.name for n in graph.node}
-    new_nodes = []
-    changed = False
-    for n in graph.node:
+
+    def split(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         if n.op_type != "Where" or n.domain not in ("", "ai.onnx") or len(n.input) != 3:
-            new_nodes.append(n)
-            continue
+            return None
         c, a, b = n.input
         if a in consts or b in consts or float_types.get(a) != onnx.TensorProto.FLOAT \
                 or float_types.get(b) != onnx.TensorProto.FLOAT:
-            new_nodes.append(n)
-            continue
+            return None
         base = n.name
         cast, mul_x, equal, ecast, mul_y, add = (_unique(f"{base}_{p}", used) for p in
                                                  ("cast", "mul_x", "equal", "equal_output_cast", "mul_y", "add"))
@@ -506,19 +514,17 @@ def _split_where(model: onnx.ModelProto, names: NameMap) -> None:
         graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), zero))
         t_cast, t_mx, t_eq, t_ecast, t_my = (f"{base}_cast_output", f"{base}_mul_x_output", f"{base}_equal_output",
                                             f"{base}_equal_output_cast_output", f"{base}_mul_y_output")
-        new_nodes += [helper.make_node("Cast", [c], [t_cast], name=cast, to=onnx.TensorProto.FLOAT),
-                      helper.make_node("Mul", [t_cast, a], [t_mx], name=mul_x),
-                      helper.make_node("Equal", [t_cast, zero], [t_eq], name=equal),
-                      helper.make_node("Cast", [t_eq], [t_ecast], name=ecast, to=onnx.TensorProto.FLOAT),
-                      helper.make_node("Mul", [t_ecast, b], [t_my], name=mul_y),
-                      helper.make_node("Add", [t_mx, t_my], list(n.output), name=add)]
         names.rewrites[n.name] = Rewrite(n.name, "Where", (cast, mul_x, equal, ecast, mul_y, add),
                                          ((0, cast, 0), (1, mul_x, 1), (2, mul_y, 1)), add,
                                          "Where split into Cast/Equal/Cast (CPU) and Mul/Mul/Add (BPU)")
-        changed = True
-    if changed:
-        del graph.node[:]
-        graph.node.extend(new_nodes)
+        return [helper.make_node("Cast", [c], [t_cast], name=cast, to=onnx.TensorProto.FLOAT),
+                helper.make_node("Mul", [t_cast, a], [t_mx], name=mul_x),
+                helper.make_node("Equal", [t_cast, zero], [t_eq], name=equal),
+                helper.make_node("Cast", [t_eq], [t_ecast], name=ecast, to=onnx.TensorProto.FLOAT),
+                helper.make_node("Mul", [t_ecast, b], [t_my], name=mul_y),
+                helper.make_node("Add", [t_mx, t_my], list(n.output), name=add)]
+
+    _rewrite_each(graph, split)
 
 
 def _unique(name: str, used: set[str]) -> str:

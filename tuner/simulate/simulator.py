@@ -395,15 +395,14 @@ class Simulator:
             missing = [o for o in names if o not in values]
             if missing:
                 raise ValueError(f"the outputs lack {', '.join(missing)} (they have {', '.join(values)})")
+            got = {o: np.asarray(values[o], dtype=np.float32).reshape(self.reference[i][o].shape) for o in names}
             one = {o: Similarity() for o in names}
             for o in names:
-                got = np.asarray(values[o], dtype=np.float32).reshape(self.reference[i][o].shape)
-                one[o].update(self.reference[i][o], got, self._ref_sq[i][o])
+                one[o].update(self.reference[i][o], got[o], self._ref_sq[i][o])
                 sims[o].merge(one[o])
             samples.append({o: s.as_dict() for o, s in one.items()})
             if task is not None:
-                task.update(self.reference[i], {o: np.asarray(values[o], dtype=np.float32).reshape(
-                    self.reference[i][o].shape) for o in names}, self._label(i))
+                task.update(self.reference[i], got, self._label(i))
         return {o: s.as_dict() for o, s in sims.items()}, (task.results() if task is not None else {}), samples
 
     def _float_nodes(self, extra: tuple[str, ...], softmax: bool) -> ort.InferenceSession:

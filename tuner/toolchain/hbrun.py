@@ -34,7 +34,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,6 @@ class Conversion:
     cpu_nodes: tuple[str, ...] = ()     # the node table's CPU rows
     bpu_nodes: int = 0
     cached: bool = False                # answered from the cache (not stored)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def root(self) -> Path:
@@ -166,6 +165,7 @@ class Conversion:
     def from_json(cls, d: dict[str, Any]) -> Conversion:
         d = dict(d)
         d.pop("format", None)
+        d.pop("extra", None)      # written (always empty) by the first version of this record
         subs = tuple(Subgraph(**{**s, "layers": tuple(Layer(**lay) for lay in s.get("layers", ()))})
                      for s in d.pop("subgraphs", ()))
         return cls(subgraphs=subs, cpu_nodes=tuple(d.pop("cpu_nodes", ())), **d)
@@ -398,17 +398,4 @@ def convert(tc: Toolchain, yaml_path: str | Path, knobs: CompileKnobs | None = N
         shutil.rmtree(work, ignore_errors=True)
         raise
     return conv
-
-
-def clear_cache() -> int:
-    """Remove every cached run; returns how many."""
-    root = runs_dir()
-    if not root.is_dir():
-        return 0
-    n = 0
-    for p in root.iterdir():
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-            n += 1
-    return n
 

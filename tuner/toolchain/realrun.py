@@ -1,6 +1,6 @@
 """One YAML through the real toolchain, measured as tuner measures its simulation: :class:`RealRun`.
 
-:func:`real_run` converts the YAML (:func:`tuner.toolchain.hbrun.convert`, cached), runs the
+:func:`measure` takes a conversion (:func:`tuner.toolchain.hbrun.convert`, cached), runs the
 tool's quantized model (what the ``.bin`` computes) and calibrated model (its fake-quant model)
 with hmct's executor on a simulator's data (:mod:`tuner.toolchain.hbexec`), and scores both against
 the float model with the simulator's own scorer (:meth:`tuner.simulate.Simulator.score`): the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
@@ -22,7 +21,7 @@ from tuner.inputs.calibrated import read_calibrated
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Simulator
 from tuner.toolchain.hbexec import run_models
-from tuner.toolchain.hbrun import CompileKnobs, Conversion, convert
+from tuner.toolchain.hbrun import Conversion
 from tuner.toolchain.installed import Toolchain
 
 MODELS = ("quantized", "calibrated")
@@ -100,10 +99,6 @@ class RealRun:
                    seconds=float(d.get("seconds", 0.0)), error=d.get("error"))
 
 
-def _samples(sim: Simulator) -> list[dict[str, Any]]:
-    return [dict(s) for s in sim.data]
-
-
 def measure(tc: Toolchain, conversion: Conversion, sim: Simulator, yaml: str, data_label: str,
             models: tuple[str, ...] = MODELS) -> RealRun:
     """Run the conversion's models on ``sim``'s data and score them; a refused conversion gives
@@ -117,7 +112,7 @@ def measure(tc: Toolchain, conversion: Conversion, sim: Simulator, yaml: str, da
     if missing:
         return RealRun(yaml=yaml, data=data_label, conversion=conversion,
                        error=f"the conversion folder {conversion.folder} lacks {', '.join(missing)}")
-    outs = run_models(tc, paths, _samples(sim), cache_dir=conversion.root)
+    outs = run_models(tc, paths, sim.data, cache_dir=conversion.root)
     figures: dict[str, ModelFigures] = {}
     for name, o in zip(models, outs):
         per_output, task, _ = sim.score(o)
@@ -137,9 +132,3 @@ def measure(tc: Toolchain, conversion: Conversion, sim: Simulator, yaml: str, da
                    calibrated=figures.get("calibrated"), qtypes=qtypes, float_tensors=tuple(off),
                    seconds=round(conversion.seconds * (not conversion.cached) + time.perf_counter() - t0, 2))
 
-
-def real_run(tc: Toolchain, yaml_path: str | Path, sim: Simulator, data_label: str,
-             knobs: CompileKnobs | None = None, timeout: float | None = None, say: Any = None) -> RealRun:
-    """Convert ``yaml_path`` (cached) and measure it on ``sim``'s data."""
-    conversion = convert(tc, yaml_path, knobs, timeout=timeout, say=say)
-    return measure(tc, conversion, sim, str(yaml_path), data_label)

@@ -299,17 +299,28 @@ def choose(rows: list[results.Row], mode: str, top: int | None, numbers: list[in
     return (front + rest)[:top]
 
 
-def verify_trial(ctx: StudyContext, row: results.Row, command: str, timeout: float | None,
-                 log_name: str = LOG_NAME, feedback: bool = True) -> RealRecord:
+def _export_for_verify(ctx: StudyContext, row: results.Row) -> tuple[Path, RealRecord, Path | None]:
+    """The trial's verify folder, its record so far and its exported YAML (None: the export failed,
+    the record says why)."""
     folder = ctx.paths.root / "verify" / f"trial_{row.number:05d}"
     record = RealRecord(status="ok", when=_now(), dir=str(folder))
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        yaml_path = ctx.export(row, folder)
+        return folder, record, ctx.export(row, folder)
     except (TunerError, OSError) as exc:
-        record = record.with_(status="error", error=f"export failed: {exc}")
-        save_real(ctx.study, row.number, record)
-        return record
+        return folder, record.with_(status="error", error=f"export failed: {exc}"), None
+
+
+def _stored(ctx: StudyContext, row: results.Row, record: RealRecord) -> RealRecord:
+    save_real(ctx.study, row.number, record)
+    return record
+
+
+def verify_trial(ctx: StudyContext, row: results.Row, command: str, timeout: float | None,
+                 log_name: str = LOG_NAME, feedback: bool = True) -> RealRecord:
+    folder, record, yaml_path = _export_for_verify(ctx, row)
+    if yaml_path is None:
+        return _stored(ctx, row, record)
     (folder / log_name).unlink(missing_ok=True)     # never import a stale log from an earlier run
     cmd = substitute(command, yaml_path.resolve(), folder.resolve(), row.number)
     started = time.time()
@@ -334,36 +345,24 @@ def verify_trial_local(ctx: StudyContext, row: results.Row, local: LocalTool, ti
     """The trial's YAML converted by the installed toolchain (cached run), its quantized and calibrated
     models run on the study's evaluation data and scored like the simulation (the same samples, float
     reference and metrics): the real value of the objective and of every constraint's metric."""
-    folder = ctx.paths.root / "verify" / f"trial_{row.number:05d}"
-    record = RealRecord(status="ok", when=_now(), dir=str(folder))
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        yaml_path = ctx.export(row, folder)
-    except (TunerError, OSError) as exc:
-        record = record.with_(status="error", error=f"export failed: {exc}")
-        save_real(ctx.study, row.number, record)
-        return record
+    folder, record, yaml_path = _export_for_verify(ctx, row)
+    if yaml_path is None:
+        return _stored(ctx, row, record)
     conv = convert(local.toolchain, yaml_path, local.knobs, timeout=timeout, say=say)
     record = record.with_(yaml=str(yaml_path), command=f"hb_mapper makertbin (local toolchain {conv.toolchain})",
                           returncode=conv.returncode, seconds=0.0 if conv.cached else conv.seconds,
                           compiler_ms=conv.bpu_latency_ms)
     if not conv.ok:
         status = "timeout" if conv.folder.endswith(".timeout") else "failed"
-        record = record.with_(status=status, error=f"hb_mapper refused the YAML: {conv.error}")
-        save_real(ctx.study, row.number, record)
-        return record
+        return _stored(ctx, row, record.with_(status=status, error=f"hb_mapper refused the YAML: {conv.error}"))
     try:
         run = measure(local.toolchain, conv, ctx.workspace().simulator, str(yaml_path), "evaluation data")
     except TunerError as exc:
-        record = record.with_(status="failed", error=str(exc))
-        save_real(ctx.study, row.number, record)
-        return record
+        return _stored(ctx, row, record.with_(status="failed", error=str(exc)))
     write_atomic(folder / "real_run.json", json.dumps(run.to_json(), indent=1, default=str))
     q, c = run.quantized, run.calibrated
     if q is None:
-        record = record.with_(status="failed", error=run.error or "no figures")
-        save_real(ctx.study, row.number, record)
-        return record
+        return _stored(ctx, row, record.with_(status="failed", error=run.error or "no figures"))
     obj = ctx.info.objectives
     metrics = {}
     for name in obj.metric_names_needed:
@@ -431,18 +430,20 @@ def attach_log(ctx: StudyContext, number: int, log: HbLog, feedback: bool = True
 # --------------------------------------------------------------------------- presenting
 
 
-def results_table(done: list[tuple[results.Row, RealRecord]]) -> str:
+def _cell(v: float | None, d: int = 6, sign: bool = False) -> str:
+    """A table cell: the number, or -- when there is none."""
+    return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")
 
-    def f(v, d=6, sign=False):
-        return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")
+
+def results_table(done: list[tuple[results.Row, RealRecord]]) -> str:
 
     rows = []
     for row, rec in done:
         c = rec.comparison
         gap = None if rec.accuracy is None else rec.accuracy - row.accuracy
-        rows.append([str(row.number), rec.status, f(row.accuracy), f(rec.accuracy), f(gap, sign=True),
-                     f(c.output_cosine_gap if c else None, sign=True), f(c.spearman if c else None, 3),
-                     str(len(c.int16_refused)) if c else "--", f(rec.seconds, 1), (rec.error or "")[:80]])
+        rows.append([str(row.number), rec.status, _cell(row.accuracy), _cell(rec.accuracy), _cell(gap, sign=True),
+                     _cell(c.output_cosine_gap if c else None, sign=True), _cell(c.spearman if c else None, 3),
+                     str(len(c.int16_refused)) if c else "--", _cell(rec.seconds, 1), (rec.error or "")[:80]])
     return table(["trial", "status", "simulated", "real", "real - sim", "output cos gap", "Spearman", "int16 refused",
                   "seconds", "problem"], rows)
 
@@ -451,9 +452,6 @@ def local_table(done: list[tuple[results.Row, RealRecord]], objectives: Any) -> 
     """``verify --local``'s table: the simulated objective next to the real quantized model's (the
     .bin's arithmetic) and calibrated model's, whether the real figures meet the constraints, and
     hbdk's BPU estimate next to tuner's modeled latency."""
-
-    def f(v, d=6, sign=False):
-        return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")
 
     rows = []
     for row, rec in done:
@@ -466,10 +464,10 @@ def local_table(done: list[tuple[results.Row, RealRecord]], objectives: Any) -> 
             meets = ("yes" if all(m.margin >= 0 for m in margins) else
                      "no: " + ", ".join(m.name for m in margins if m.margin < 0)) if margins else "(none)"
         cpu = (rec.local or {}).get("conversion", {}).get("cpu_nodes")
-        rows.append([str(row.number), rec.status, f(row.accuracy), f(rec.accuracy), f(gap, sign=True),
-                     f(rec.calibrated_accuracy), meets[:60], f(row.latency_ms, 3), f(rec.compiler_ms, 3),
+        rows.append([str(row.number), rec.status, _cell(row.accuracy), _cell(rec.accuracy), _cell(gap, sign=True),
+                     _cell(rec.calibrated_accuracy), meets[:60], _cell(row.latency_ms, 3), _cell(rec.compiler_ms, 3),
                      "--" if cpu is None else f"{row.trial_record.counts.cpu_nodes}/{len(cpu)}",
-                     f(rec.seconds, 1), (rec.error or "")[:80]])
+                     _cell(rec.seconds, 1), (rec.error or "")[:80]])
     return table(["trial", "status", "simulated", "real (quantized)", "real - sim", "real (calibrated)",
                   "constraints met (real)", "modeled ms", "hbdk BPU ms", "CPU sim/real", "seconds", "problem"], rows)
 
