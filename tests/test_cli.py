@@ -138,7 +138,7 @@ def test_sensitivity_ranks_nodes_and_writes_csv(tiny_project, tmp_path):
     r = run("sensitivity", tiny_project, "--json", "--csv", out)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    gains = [row["float_gain"] for row in data["nodes"]]
+    gains = [row["gain"] for row in data["nodes"]]
     assert gains == sorted(gains, reverse=True)                       # most sensitive first
     rows = {row["node"]: row for row in data["nodes"]}
     assert "/gate/Where" not in rows                                  # CPU-only ops are not ranked
@@ -148,7 +148,7 @@ def test_sensitivity_ranks_nodes_and_writes_csv(tiny_project, tmp_path):
     assert sig["alone_int16"]["accuracy"] > sig["alone_int8"]["accuracy"]
     assert sig["alone_int8"]["accuracy"] < 1.0
     lines = out.read_text().splitlines()
-    assert lines[0].startswith("node,op_type,float_gain") and len(lines) == len(rows) + 1
+    assert lines[0].startswith("node,op_type,gain,cpu_gain,int16_gain") and len(lines) == len(rows) + 1
     table = run("sensitivity", tiny_project, "--top", 3)
     assert table.returncode == 0 and "most sensitive first" in table.stdout
 

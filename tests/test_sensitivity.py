@@ -21,7 +21,7 @@ def test_sensitivity_per_calibration_method(tiny_project):
     by = data["by_calibration"]
     assert [b["calibration"] for b in by] == ["max", "kl:num_bin=1024,max_num_bin=16384",
                                               "max-percentile:percentile=0.9999,per_channel"]
-    gains = [{row["node"]: row["float_gain"] for row in b["nodes"]} for b in by]
+    gains = [{row["node"]: row["gain"] for row in b["nodes"]} for b in by]
     assert gains[0].keys() == gains[1].keys() == gains[2].keys()
     assert any(abs(gains[0][n] - gains[1][n]) > 1e-6 for n in gains[0])    # the method changes the ranking input
     table = run("sensitivity", tiny_project, "--calibration", "max,kl", "--top", 2)
@@ -36,11 +36,11 @@ def test_sensitivity_of_a_space_is_the_studys_cache(tmp_path):
     assert r.returncode == 0, r.stderr
     cache = tmp_path / "results" / "tiny" / "sensitivity.json"
     stored = json.loads(cache.read_text())
-    printed = {row["node"]: row["float_gain"] for row in json.loads(r.stdout)["nodes"]}
-    assert printed == stored["sensitivity"]
+    printed = {row["node"]: {"cpu": row["cpu_gain"], "int16": row["int16_gain"]} for row in json.loads(r.stdout)["nodes"]}
+    assert printed == {n: {"cpu": g["cpu"], "int16": g.get("int16")} for n, g in stored["gains"].items()}
     # the search reads the same file instead of recomputing: a marker value comes back
-    node = next(iter(stored["sensitivity"]))
-    stored["sensitivity"][node] = 123.0
+    node = next(iter(stored["gains"]))
+    stored["gains"][node]["cpu"] = 123.0
     cache.write_text(json.dumps(stored))
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     assert search.sensitivity[node] == 123.0
@@ -52,6 +52,7 @@ def test_an_interrupted_ranking_keeps_its_finished_part_and_continues(tmp_path):
     import pytest
 
     from tuner.study.space import load_space
+    from tuner.sensitivity import best_gain
     from tuner.study.warmstart import node_sensitivity
     from tuner.workspace import Workspace
 
@@ -66,12 +67,12 @@ def test_an_interrupted_ranking_keeps_its_finished_part_and_continues(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         node_sensitivity(space, ws, cache, stop_after_3)
     partial = json.loads(cache.read_text())
-    assert partial["partial"] is True and len(partial["sensitivity"]) == 3
+    assert partial["partial"] is True and len(partial["gains"]) == 3
     calls = []
     gains = node_sensitivity(space, ws, cache, lambda i, n: calls.append((i, n)))
     n = calls[-1][1]
     assert calls[0] == (4, n) and len(calls) == n - 3          # only the nodes not done before
-    assert {k: gains[k] for k in partial["sensitivity"]} == partial["sensitivity"]
+    assert {k: gains[k] for k in partial["gains"]} == {k: best_gain(g) for k, g in partial["gains"].items()}
     assert "partial" not in json.loads(cache.read_text())
     fresh = node_sensitivity(space, ws, tmp_path / "fresh.json")
     assert gains == pytest.approx(fresh, abs=1e-12)
@@ -90,7 +91,7 @@ def test_an_interrupted_ranking_of_a_yaml_continues_from_the_cache(tiny_project,
     def stop_after_3(label):
         def show(i, n):
             calls.append((label, i))
-            if label == "leave-one-float" and i == 3 and stop[0]:
+            if label == "leave-one-fixed" and i == 3 and stop[0]:
                 stop[0] = False
                 raise KeyboardInterrupt
         return show
@@ -99,11 +100,11 @@ def test_an_interrupted_ranking_of_a_yaml_continues_from_the_cache(tiny_project,
         rank(tiny_project, progress=stop_after_3)
     (cached,) = (tmp_path / "cache" / "sensitivity").glob("*.json")
     partial = json.loads(cached.read_text())
-    assert partial["partial"] is True and len(partial["sensitivity"]) == 3
+    assert partial["partial"] is True and len(partial["gains"]) == 3
     calls.clear()
     result = rank(tiny_project, progress=stop_after_3)
-    first = [i for label, i in calls if label == "leave-one-float"]
+    first = [i for label, i in calls if label == "leave-one-fixed"]
     assert first[0] == 4                                            # the three finished nodes are not redone
-    gains = {r.node: r.float_gain for r in result.runs[0].rows}
-    assert {k: gains[k] for k in partial["sensitivity"]} == partial["sensitivity"]
+    gains = {r.node: r.gains for r in result.runs[0].rows}
+    assert {k: gains[k] for k in partial["gains"]} == partial["gains"]
     assert "partial" not in json.loads(cached.read_text())

@@ -2,7 +2,7 @@
 search space, under one or more calibrations.
 
 A space is ranked as its search ranks it (its data, accuracy metric and reference calibration);
-its leave-one-float gains are the study's cached ones (``results/<study>/sensitivity.json``),
+its per-fix gains (CPU, int16) are the study's cached ones (``results/<study>/sensitivity.json``),
 shared with the search's top-K, warm start and report.
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 from tuner.candidate import Calibration, Candidate
 from tuner.files import cache_dir, check_writable
 from tuner.inputs.config import read_yaml
-from tuner.sensitivity import Ranking, Sensitivity, cached_sensitivity, leave_one_float, sensitivity_table
+from tuner.sensitivity import FIXES, Gains, Ranking, Sensitivity, cached_sensitivity, leave_one_fixed, sensitivity_table
 from tuner.study.space import free_nodes, load_space
 from tuner.study.storage import StudyPaths
-from tuner.study.warmstart import node_sensitivity, reference_calibration
+from tuner.study.warmstart import node_gains, reference_calibration
 from tuner.workspace import Workspace
 
 Progress = Callable[[int, int], None]
@@ -55,9 +55,9 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
         nodes = free_nodes(space, ws.graph, ws.target)
         if metric == space.objective.accuracy:
             paths = StudyPaths(Path(results_dir) / (study or space.name))
-            gains = node_sensitivity(space, ws, paths.sensitivity, progress("node sensitivity"))
+            gains = node_gains(space, ws, paths.sensitivity, progress("node sensitivity"))
             shared = paths.sensitivity
-            say(f"leave-one-float gains: {paths.sensitivity} (shared with the search)")
+            say(f"per-node fix gains: {paths.sensitivity} (shared with the search)")
     else:
         ws = Workspace.open(path, data=data, limit=limit, march=march, threads=threads,
                             progress=progress("calibration statistics"))
@@ -69,7 +69,7 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
         cand = base.with_calibration(cal)
         use = gains if cal == base.calibration else None
         if use is None:     # kept in the cache folder as it goes: a stopped run continues there
-            use = _cached_gains(ws, cand, nodes, metric, progress(f"leave-one-float {label}".rstrip()))
+            use = _cached_gains(ws, cand, nodes, metric, progress(f"leave-one-fixed {label}".rstrip()))
         rows = sensitivity_table(ws.simulator, cand, nodes, metric, progress(f"node sensitivity {label}".rstrip()),
                                  gains=use)
         runs.append(Ranking(label or cal.describe(), ws.simulator.resolve(cand)[0], rows))
@@ -77,11 +77,11 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
 
 
 def _cached_gains(ws: Workspace, cand: Candidate, nodes: list[str], metric: str,
-                  progress: Progress | None) -> dict[str, float]:
-    """Leave-one-float gains of a YAML's nodes, in ``<cache>/sensitivity/`` keyed by everything they
+                  progress: Progress | None) -> dict[str, Gains]:
+    """Per-fix gains (CPU, int16) of a YAML's nodes, in ``<cache>/sensitivity/`` keyed by everything they
     depend on, written partial as they are computed (Ctrl-C keeps the finished nodes)."""
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(), cand.key(),
-                    metric, ws.target.march, ",".join(nodes)])
+                    metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES)])
     path = cache_dir() / "sensitivity" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-    return cached_sensitivity(path, key, lambda done, save: leave_one_float(ws.simulator, cand, nodes, metric,
+    return cached_sensitivity(path, key, lambda done, save: leave_one_fixed(ws.simulator, cand, nodes, metric,
                                                                            progress, done, save))

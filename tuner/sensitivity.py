@@ -1,9 +1,18 @@
-"""How much each node's quantization costs.
+"""How much each node's quantization costs, and how much of it one fix on that node gets back.
 
-``leave_one_float``: the accuracy gained when a node alone stays float (on the CPU) on top of
-the all-int8 baseline: one evaluation per node. The search uses this ranking to pick its
-top-K free nodes and to build the usual manual plans for its warm start; results are cached
-in the study folder, keyed by the fingerprints they came from.
+``leave_one_fixed``: per node, the accuracy gained over the all-int8 baseline by each fix the
+search can apply to that node alone: placing it on the CPU (``cpu``) and, where the march honours
+it, int16 (``int16``: ``InputType``/``OutputType`` int16, :func:`int16_setting`). One to two
+evaluations per node. A node's *sensitivity* is the gain of its best fix (:func:`best_gain`): the
+search's top-K free nodes, the warm start's manual plans and the report rank by it; results are
+cached in the study folder, keyed by the fingerprints they came from.
+
+Why both fixes, measured on the real toolchain (``docs/hb_rules/placement.md`` 1, 2): a CPU node
+reads the tensor its BPU neighbours read, quantized once, so "on the CPU" often recovers nothing
+(the example's three input Slices: CPU gain 0.000000 each, real and simulated), while int16 on any
+one of them takes the 5-channel input's group to int16 and recovers the radar channels (int16 gain
++0.04 mean cosine). Ranking by the CPU gain alone left those Slices out of a top-12 and the search
+missed the example's goal (``benchmarks/search_quality.py --quick``, stop 27).
 
 ``sensitivity_table`` (``tuner sensitivity``) adds the other view: the accuracy when a node
 alone is quantized (everything else float), in int8 and, where the march allows, int16.
@@ -12,31 +21,60 @@ alone is quantized (everything else float), in int8 and, where the march allows,
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tuner.candidate import Candidate, NodeSetting
 from tuner.files import write_atomic
+from tuner.graph import Graph, Target
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Resolved, Simulator
 
 #: Seconds between writes of a partial ranking (a run killed with kill -9 loses at most this much).
 SAVE_EVERY_S = 5.0
+#: The fixes one node's gain is measured for, in the order they are tried.
+FIXES = ("cpu", "int16")
 
-Partial = Callable[[dict[str, float]], None]
+Gains = dict[str, float]            # fix -> accuracy gain over the all-int8 base
+Partial = Callable[[dict[str, Gains]], None]
 
 
-def leave_one_float(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
-                    progress: Callable[[int, int], None] | None = None, done: dict[str, float] | None = None,
-                    save: Partial | None = None) -> dict[str, float]:
-    """accuracy(node on CPU) - accuracy(base), per node. Larger means more sensitive.
+def int16_setting(graph: Graph, target: Target, name: str, on: str = "BPU") -> NodeSetting | None:
+    """The int16 ``node_info`` request the march honours on ``name``: ``InputType`` int16 (MatMul:
+    ``InputType<k>`` on its int16-capable inputs only) and ``OutputType`` int16 where the op may
+    emit it; None when the march takes no int16 input on this op."""
+    node = graph.by_name[name]
+    op = node.op_type
+    if not target.int16_input(op):
+        return None
+    out16 = "int16" if target.int16_output(op, node.proto) else None
+    only = target.int16_input_indices(op)   # MatMul: input 0 only
+    if only is None:
+        return NodeSetting(on=on, input_type="int16", output_type=out16)
+    return NodeSetting(on=on, input_types=tuple((k, "int16") for k in sorted(only)), output_type=out16)
+
+
+def best_gain(gains: Mapping[str, float | None]) -> float:
+    """A node's sensitivity: the gain of its best fix (0.0 when none was measured)."""
+    values = [float(v) for v in gains.values() if v is not None and math.isfinite(v)]
+    return max(values) if values else 0.0
+
+
+def leave_one_fixed(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
+                    progress: Callable[[int, int], None] | None = None, done: Mapping[str, Gains] | None = None,
+                    save: Partial | None = None) -> dict[str, Gains]:
+    """Per node, {fix: accuracy(base with that fix on the node alone) - accuracy(base)} for each of
+    :data:`FIXES` the march allows there. Larger means more sensitive (:func:`best_gain`).
 
     ``done``: gains already computed (a stopped run's), not recomputed. ``save(partial)`` is called
     every :data:`SAVE_EVERY_S` seconds and when the loop is interrupted (Ctrl-C), so the finished
     part survives and the next run continues where this one stopped."""
-    out = {n: float(v) for n, v in (done or {}).items() if n in set(nodes)}
+    wanted = set(nodes)
+    out = {n: dict(g) for n, g in (done or {}).items() if n in wanted}
     todo = [n for n in nodes if n not in out]
     if not todo:
         return {n: out[n] for n in nodes}
@@ -45,11 +83,17 @@ def leave_one_float(sim: Simulator, base: Candidate, nodes: list[str], metric: s
     last = time.monotonic()
     try:
         for name in todo:
-            settings = dict(base.nodes)
-            settings[name] = NodeSetting(on="CPU")
-            cand = Candidate.make(base.calibration, settings, base.optimization)
-            ev = sim.evaluate(cand)
-            out[name] = accuracy(ev.outputs, metric, ev.task) - ref
+            fixes = {"cpu": NodeSetting(on="CPU"), "int16": int16_setting(sim.graph, sim.target, name)}
+            gains: Gains = {}
+            for fix in FIXES:
+                setting = fixes[fix]
+                if setting is None:
+                    continue
+                settings = dict(base.nodes)
+                settings[name] = setting
+                ev = sim.evaluate(Candidate.make(base.calibration, settings, base.optimization))
+                gains[fix] = accuracy(ev.outputs, metric, ev.task) - ref
+            out[name] = gains
             if progress:
                 progress(len(out), len(nodes))
             if save is not None and time.monotonic() - last >= SAVE_EVERY_S:
@@ -63,40 +107,52 @@ def leave_one_float(sim: Simulator, base: Candidate, nodes: list[str], metric: s
 
 
 def cached_sensitivity(path: Path, key: str,
-                       compute: Callable[[dict[str, float], Partial], dict[str, float]]) -> dict[str, float]:
+                       compute: Callable[[dict[str, Gains], Partial], dict[str, Gains]]) -> dict[str, Gains]:
     """Read ``path`` when it was computed for ``key``, else ``compute(done, save)`` and write it
     atomically. A partial file (``"partial": true``, written by ``save`` as the computation goes
-    and when it is interrupted) for the same ``key`` hands its finished nodes to ``compute``."""
-    done: dict[str, float] = {}
+    and when it is interrupted) for the same ``key`` hands its finished nodes to ``compute``.
+    The file: ``{"key": ..., "gains": {node: {fix: gain}}}``."""
+    done: dict[str, Gains] = {}
     if path.is_file():
         try:
             data = json.loads(path.read_text())
             if data.get("key") == key:
-                values = {k: float(v) for k, v in data["sensitivity"].items()}
+                values = {n: {f: float(v) for f, v in g.items()} for n, g in data["gains"].items()}
                 if not data.get("partial"):
                     return values
                 done = values
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
 
-    def save(partial: dict[str, float]) -> None:
-        write_atomic(path, json.dumps({"key": key, "partial": True, "sensitivity": partial}, indent=1))
+    def save(partial: dict[str, Gains]) -> None:
+        write_atomic(path, json.dumps({"key": key, "partial": True, "gains": partial}, indent=1))
 
     values = compute(done, save)
-    write_atomic(path, json.dumps({"key": key, "sensitivity": values}, indent=1))
+    write_atomic(path, json.dumps({"key": key, "gains": values}, indent=1))
     return values
+
+
+def ranking(gains: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """node -> its sensitivity (:func:`best_gain`), what the search's top-K and warm start sort by."""
+    return {n: best_gain(g) for n, g in gains.items()}
 
 
 @dataclass
 class SensitivityRow:
     node: str
     op_type: str
-    float_gain: float            # accuracy(node float, rest int8) - accuracy(all int8)
+    gains: Gains                     # fix -> accuracy(that fix on this node, rest int8) - accuracy(all int8)
     alone_int8: dict[str, float]     # only this node quantized: accuracy, mean cosine, mean SQNR
     alone_int16: dict[str, float] | None
 
-    def as_dict(self) -> dict:
-        return {"node": self.node, "op_type": self.op_type, "float_gain": self.float_gain,
+    @property
+    def gain(self) -> float:
+        """The gain of the best fix: what the rows are sorted by."""
+        return best_gain(self.gains)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "op_type": self.op_type, "gain": self.gain,
+                "cpu_gain": self.gains.get("cpu"), "int16_gain": self.gains.get("int16"),
                 "alone_int8": self.alone_int8, "alone_int16": self.alone_int16}
 
 
@@ -109,12 +165,12 @@ def _scores(ev, metric: str) -> dict[str, float]:
 
 def sensitivity_table(sim: Simulator, base: Candidate, nodes: list[str], metric: str = "mean_cosine",
                       progress: Callable[[int, int], None] | None = None,
-                      gains: dict[str, float] | None = None) -> list[SensitivityRow]:
-    """Per node: the gain of leaving it float, and the accuracy with it alone quantized (int8,
-    int16 where allowed). Sorted most sensitive first. About 2-3 evaluations per node; 1-2
-    when the leave-one-float ``gains`` come from a study's cache."""
+                      gains: Mapping[str, Gains] | None = None) -> list[SensitivityRow]:
+    """Per node: the gain of each fix (CPU, int16), and the accuracy with it alone quantized (int8,
+    int16 where allowed). Sorted most sensitive first (the best fix's gain). About 3-4 evaluations
+    per node; 1-2 when the ``gains`` come from a study's cache."""
     if gains is None or any(n not in gains for n in nodes):
-        gains = leave_one_float(sim, base, nodes, metric)
+        gains = leave_one_fixed(sim, base, nodes, metric)
     graph, target = sim.graph, sim.target
     all_cpu = {n.name: NodeSetting(on="CPU") for n in graph}
     rows = []
@@ -124,18 +180,15 @@ def sensitivity_table(sim: Simulator, base: Candidate, nodes: list[str], metric:
         alone[name] = NodeSetting(on="BPU")
         int8 = _scores(sim.evaluate(Candidate.make(base.calibration, alone, base.optimization)), metric)
         int16 = None
-        if target.int16_input(op):
+        setting16 = int16_setting(graph, target, name)
+        if setting16 is not None:
             alone16 = dict(alone)
-            out16 = "int16" if target.int16_output(op, graph.by_name[name].proto) else None
-            only = target.int16_input_indices(op)   # MatMul: input 0 only
-            alone16[name] = (NodeSetting(on="BPU", input_type="int16", output_type=out16) if only is None else
-                             NodeSetting(on="BPU", input_types=tuple((k, "int16") for k in sorted(only)),
-                                         output_type=out16))
+            alone16[name] = setting16
             int16 = _scores(sim.evaluate(Candidate.make(base.calibration, alone16, base.optimization)), metric)
-        rows.append(SensitivityRow(node=name, op_type=op, float_gain=gains[name], alone_int8=int8, alone_int16=int16))
+        rows.append(SensitivityRow(node=name, op_type=op, gains=dict(gains[name]), alone_int8=int8, alone_int16=int16))
         if progress:
             progress(i + 1, len(nodes))
-    rows.sort(key=lambda r: (-r.float_gain, r.alone_int8["accuracy"]))
+    rows.sort(key=lambda r: (-r.gain, r.alone_int8["accuracy"]))
     return rows
 
 
@@ -150,4 +203,4 @@ class Ranking:
 class Sensitivity:
     metric: str
     runs: list[Ranking]
-    shared: Path | None = None   # a space's cached leave-one-float gains, when they were used
+    shared: Path | None = None   # a space's cached per-fix gains, when they were used

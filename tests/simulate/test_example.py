@@ -54,3 +54,21 @@ def test_the_radar_channel_breaks_per_tensor_input_quantization(example):
     assert int16_input.outputs["seg"]["cosine"] > 0.99
     # Greater, Where's Cast/Equal/Cast (hb splits Where: its Mul/Mul/Add run on the BPU), ScatterND
     assert per_tensor.plan.n_subgraphs == 2 and len(per_tensor.plan.cpu_nodes) == 5
+
+
+def test_the_ranking_finds_the_input_slices_by_their_int16_gain(example):
+    """One Slice on the CPU changes nothing (hb keeps the input's group threshold while another BPU
+    Slice reads it, measured), int16 on one Slice fixes the radar channel: a node's sensitivity is the
+    gain of its best fix, so the Slices rank above every node whose only gain is a CPU placement."""
+    from tuner.sensitivity import best_gain, leave_one_fixed
+
+    ws = Workspace.open(example)
+    sim = ws.simulator
+    slices = [n.name for n in ws.graph if "input" in n.inputs and n.op_type == "Slice"]
+    convs = [n.name for n in ws.graph if n.op_type == "Conv"][:3]
+    gains = leave_one_fixed(sim, Candidate.make(Calibration("max")), slices + convs)
+    assert len(slices) == 3
+    for s in slices:
+        assert abs(gains[s]["cpu"]) < 1e-6, gains[s]
+        assert gains[s]["int16"] > 0.02, gains[s]
+    assert min(best_gain(gains[s]) for s in slices) > max(best_gain(gains[c]) for c in convs)

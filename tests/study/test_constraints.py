@@ -144,7 +144,7 @@ def test_a_bound_relative_to_a_float_value_of_zero_and_a_missing_validation_fold
 
     space = with_objectives(write_tiny_space(tmp_path), ["constraints: ['absrel:depth <= 1.02 x float']"])
     with monkeypatch.context() as m:
-        m.setattr(warmstart, "leave_one_float", lambda *a, **k: pytest.fail("sensitivity ran before the check"))
+        m.setattr(warmstart, "leave_one_fixed", lambda *a, **k: pytest.fail("sensitivity ran before the check"))
         with pytest.raises(TunerError, match="is 0 on the evaluation data"):
             StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     r = cli("search", space, "--n-trials", 1, cwd=tmp_path)

@@ -86,7 +86,7 @@ def test_an_unreachable_floor_leaves_the_closest_trial_and_next_steps_then_a_low
     # no sensitivity recomputed
     import tuner.study.warmstart as warmstart
 
-    monkeypatch.setattr(warmstart, "leave_one_float", lambda *a, **k: pytest.fail("sensitivity was recomputed"))
+    monkeypatch.setattr(warmstart, "leave_one_fixed", lambda *a, **k: pytest.fail("sensitivity was recomputed"))
     n_before = len(study.trials)
     lower = unconstrained[0] - 1e-9
     with_floor(space, lower)

@@ -10,12 +10,12 @@ from tuner.commands import args as a
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sensitivity", help="per node: the gain of leaving it float, and the accuracy with it alone "
-                                            "quantized (int8 / int16)",
+    p = sub.add_parser("sensitivity", help="per node: the gain of putting it on the CPU or in int16, and the accuracy "
+                                            "with it alone quantized (int8 / int16)",
                        description="Rank the BPU nodes of the model an hb_mapper YAML describes by how much their "
                                    "quantization costs, under the YAML's calibration (or --calibration). Given a "
                                    "search space instead, rank its free nodes with its metric and data, and share "
-                                   "the leave-one-float gains with the search (results/<study>/sensitivity.json).")
+                                   "the per-node gains with the search (results/<study>/sensitivity.json).")
     a.simulation(p)
     p.add_argument("--metric", help="mean_cosine (default; a space's objectives.accuracy), min_cosine, mean_sqnr, "
                                     "cosine:<out>, or a task metric")

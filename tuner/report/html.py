@@ -166,7 +166,7 @@ def importance_figure(study: optuna.Study, mode: str):
 
 
 def sensitivity_figure(sensitivity: dict[str, float], top: int = 20):
-    """Top nodes by leave-one-float gain. One node often dominates by orders of magnitude, so
+    """Top nodes by the gain of their best fix (CPU or int16, tuner.sensitivity). One node often dominates by orders of magnitude, so
     the axis is logarithmic when the shown gains are positive and span more than 100x."""
     import plotly.graph_objects as go
 
@@ -175,7 +175,7 @@ def sensitivity_figure(sensitivity: dict[str, float], top: int = 20):
     log = bool(values) and min(values) > 0 and max(values) / min(values) > 100
     fig = go.Figure(go.Bar(x=values, y=[k for k, _ in ranked], orientation="h", marker_color="#d1495b",
                            text=[f"{v:+.2e}" for v in values], textposition="outside", cliponaxis=False))
-    fig.update_layout(title=f"Accuracy gained when the node alone stays float (top {len(ranked)})",
+    fig.update_layout(title=f"Accuracy gained by the best fix of the node alone, CPU or int16 (top {len(ranked)})",
                       xaxis_title="accuracy gain" + (" (log)" if log else ""), xaxis_type="log" if log else "linear",
                       xaxis_exponentformat="e", height=max(300, 24 * len(ranked) + 110),
                       margin=dict(l=220, r=70, t=50, b=50))

@@ -130,7 +130,7 @@ def _run_steps(resolved: ResolvedSpace, scorer: Scorer, goal: Goal, calibration:
 
 def greedy_revert(resolved: ResolvedSpace, scorer: Scorer, goal: Goal, calibration: Calibration,
                   gains: dict[str, float], sensitivity_evaluations: int = 0) -> BaselineResult:
-    """All int8 under ``calibration``; then, most helpful first (leave-one-float ``gains``, the
+    """All int8 under ``calibration``; then, most helpful first (the nodes' sensitivity ``gains``, the
     largest of a tied group's nodes), one more decision on the CPU per step until ``goal`` is met."""
     t0 = time.perf_counter()
     result = BaselineResult("greedy revert", sensitivity_evaluations=sensitivity_evaluations)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.candidate import Calibration, Candidate
-from tuner.sensitivity import cached_sensitivity, leave_one_float
+from tuner.sensitivity import FIXES, cached_sensitivity, leave_one_fixed, ranking
 from tuner.study.sections import CalibrationKnobs
 from tuner.study.space import ResolvedSpace, SearchSpace, free_nodes
 from tuner.workspace import Workspace
@@ -119,14 +119,21 @@ def best_baseline_calibration(r: ResolvedSpace, plans: list[Plan], score: Callab
 
 def node_sensitivity(space: SearchSpace, ws: Workspace, cache: Path,
                      progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
-    """Leave-one-float gains of the space's free nodes, cached in ``cache`` (the study folder's
-    sensitivity.json) and keyed by everything they depend on: the search's top-K, its warm
-    start, ``tuner sensitivity SPACE`` and the report all read the same file."""
+    """Each free node's sensitivity (the gain of its best fix, CPU or int16: tuner.sensitivity) under
+    the space's reference calibration, cached in ``cache`` (the study folder's sensitivity.json)
+    and keyed by everything it depends on: the search's top-K, its warm start, ``tuner sensitivity
+    SPACE`` and the report all read the same file."""
+    return ranking(node_gains(space, ws, cache, progress))
+
+
+def node_gains(space: SearchSpace, ws: Workspace, cache: Path,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, dict[str, float]]:
+    """The per-fix gains behind :func:`node_sensitivity` (node -> {fix: gain})."""
     base = ws.base_candidate()
     metric = space.objective.accuracy
     nodes = free_nodes(space, ws.graph, ws.target)
     ref = Candidate.make(reference_calibration(space, base), dict(base.nodes), base.optimization)
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
-                    ref.key(), metric, ws.target.march, ",".join(nodes)])
-    return cached_sensitivity(cache, key, lambda done, save: leave_one_float(ws.simulator, ref, nodes, metric,
+                    ref.key(), metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES)])
+    return cached_sensitivity(cache, key, lambda done, save: leave_one_fixed(ws.simulator, ref, nodes, metric,
                                                                           progress, done, save))
