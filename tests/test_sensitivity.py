@@ -47,12 +47,12 @@ def test_sensitivity_of_a_space_is_the_studys_cache(tmp_path):
 
 
 def test_an_interrupted_ranking_keeps_its_finished_part_and_continues(tmp_path):
-    """Ctrl-C in the leave-one-float loop (here: from the progress callback, where a real Ctrl-C
+    """Ctrl-C in the per-node loop (here: from the progress callback, where a real Ctrl-C
     lands as often as anywhere) writes the finished nodes; the next run computes only the rest."""
     import pytest
 
-    from tuner.study.space import load_space
     from tuner.sensitivity import best_gain
+    from tuner.study.space import load_space
     from tuner.study.warmstart import node_sensitivity
     from tuner.workspace import Workspace
 
