@@ -17,7 +17,7 @@ Methods:
 * ``hb default / max / kl``: hb_mapper's defaults, every node BPU int8 (one evaluation; ``default``
   simulates hb_mapper's search over its calibration grid);
 * ``greedy revert`` (NNCF accuracy control): the best of those calibrations; nodes ranked by their
-  leave-one-float gain go to the CPU one at a time until the goal is met;
+  sensitivity (the gain of their best fix, CPU or int16) go to the CPU one at a time until the goal is met;
 * ``staged escalation`` (Horizon's tuning recipe): int16 for nodes whose alone-int8 accuracy is
   below 0.99, 0.999, 0.9999 (cumulative), then CPU fallback, most sensitive first;
 * ``tuner``: the study as ``tuner search`` runs it (multivariate TPE, warm start), ``--budget`` trials;
@@ -127,6 +127,7 @@ def run_study(search, budget: int, seed: int, warm: bool = True):
     study, info = run(search, n_trials=budget, timeout=None, jobs=1, seed=seed, progress=False)
     if info.get("stopped") or info["interrupted"]:
         raise SystemExit(f"{search.name}: the study stopped early: {info}")
+    search.last_study = study     # for the real-toolchain check (bench_real)
     return sorted(rows(study), key=lambda r: r.number), time.perf_counter() - t0
 
 
@@ -175,7 +176,8 @@ def task_objective(prep: Prepared) -> None:
                                                    "min_accuracy": float(float_task[prep.labelled_metric]) - 0.01})
 
 
-def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: str = "cosine") -> tuple[str, dict]:
+def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: str = "cosine", tc=None,
+                level: str = "O3") -> tuple[str, dict]:
     from tuner.candidate import Calibration
     from tuner.study.baselines import Goal, Scorer, all_int8, alone_int8, greedy_revert, staged_escalation
 
@@ -207,7 +209,7 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
     # on a tie (default chose max, say) the explicit method: what a user writes once they know it
     best_cal = max(calibrations, key=lambda c: (calibrations[c], c.type != "default"))
 
-    # 2. greedy revert, ranked by the leave-one-float gains the study computed (its cost: n_sens)
+    # 2. greedy revert, ranked by the node sensitivity the study computed (its cost: n_sens)
     g = greedy_revert(resolved, scorer, goal, best_cal, tuner_search.sensitivity, sensitivity_evaluations=n_sens)
     lines.append(score_line("greedy revert", g.final, goal, task_name,
                             f"{g.evaluations} ({n_sens} ranking + {len(g.steps)} steps)", open_s + g.seconds,
@@ -245,14 +247,145 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
     text = [f"### {prep.name}", "", prep.note + ".", "",
             f"Goal: {goal.describe()}" + (f" (float {task_name} = {float_task[task_name]:.4f})" if task_name else "")
             + f". Space: {len(resolved.decisions)} node decisions (top {len(resolved.decisions)} of "
-              f"{len(tuner_search.sensitivity)} by leave-one-float gain)"
+              f"{len(tuner_search.sensitivity)} by the gain of their best fix, CPU or int16)"
             + (f", calibration knobs {', '.join(resolved.calibration_params)}" if resolved.calibration_params else "")
             + f"; budget {budget} trials, seed {seed}; study objective "
               f"{tuner_search.space.objective.accuracy} >= {tuner_search.space.objective.min_accuracy:.4f}.", "",
             fmt_lines(lines, task_name), "",
             f"Hypervolume of the trials meeting the goal (% of [{prep.min_accuracy}, 1] x [0, {ref_ms:.3f} ms]): "
             f"tuner {hv['tuner']:.2f}, random {hv['random']:.2f}.", "", checks, ""]
-    return "\n".join(text), {"hv": hv, "lines": lines}
+    real_lines: list[RealLine] = []
+    if tc is not None:
+        real_text, real_lines = bench_real(prep, tuner_search, t_rows, goal, task_name, tc, level)
+        text += [real_text]
+    return "\n".join(text), {"hv": hv, "lines": lines, "real": real_lines}
+
+
+# --------------------------------------------------------------------------- the real toolchain
+#: hmct's own int16 promotion at these K (None: every calibration node whose single-node cosine is
+#: below 0.999, hmct's rule when no K is given)
+LAYERWISE_K = (None, 3, 10)
+#: tuner's cheapest goal-meeting trials converted, cheapest first, until one meets the goal on the real
+#: tool (what ``tuner verify --local --top 3`` gives a user)
+VERIFY_TOP = 3
+
+
+@dataclass
+class RealLine:
+    method: str
+    met: bool | None            # None: the tool refused the YAML
+    accuracy: float | None
+    task: float | None
+    bpu_ms: float | None        # hbdk's estimate (BPU only)
+    cpu_side_ms: float          # tuner's modeled CPU ops + CPU/BPU transfers (hbdk does not estimate them)
+    int16: int | None           # int16 tensors in the real calibrated model
+    cpu: int
+    wall_s: float
+    note: str = ""
+
+    @property
+    def total_ms(self) -> float | None:
+        return None if self.bpu_ms is None else self.bpu_ms + self.cpu_side_ms
+
+
+def bench_real(prep: Prepared, search, t_rows, goal, task_name, tc, level: str) -> tuple[str, list[RealLine]]:
+    """tuner's winner and hmct's ``layerwise_search`` (top-K int16) on the real toolchain, scored alike.
+
+    tuner: its cheapest trials meeting the goal in simulation are converted, cheapest first, until one
+    meets it on the real quantized model (at most :data:`VERIFY_TOP`, as ``tuner verify --local`` would
+    check them). hmct: the space's base YAML with hmct's layerwise search switched on at each K of
+    :data:`LAYERWISE_K` (:class:`tuner.toolchain.hbrun.Layerwise`; hb_mapper's YAML cannot ask for it).
+    Both are scored by :func:`tuner.toolchain.realrun.measure` on the study's evaluation data (the same
+    samples, float reference and task metrics as the simulation) and timed by hbdk's estimate at
+    ``level`` plus tuner's modeled CPU side (the same for configurations with the same CPU nodes)."""
+    from tuner.errors import TunerError
+    from tuner.toolchain.hbrun import CompileKnobs, Layerwise, convert
+    from tuner.toolchain.realrun import measure
+    from tuner.toolchain.verify import StudyContext
+
+    sim, cost = search.ws.simulator, search.cost
+    knobs = CompileKnobs(optimize_level=level)
+    lines: list[RealLine] = []
+
+    def cpu_side(cand) -> float:
+        lat = cost.latency(sim.plan(cand))
+        return lat.cpu_ms + lat.switch_ms
+
+    def scored(method, conv, yaml_path, cand, t0, note="") -> RealLine:
+        cpu = len(sim.plan(cand).cpu_nodes)
+        if not conv.ok:
+            return RealLine(method, None, None, None, None, cpu_side(cand), None, cpu, time.perf_counter() - t0,
+                            f"hb_mapper refused it: {conv.error}")
+        run = measure(tc, conv, sim, str(yaml_path), "evaluation data", models=("quantized",))
+        if run.quantized is None:
+            return RealLine(method, None, None, None, conv.bpu_latency_ms, cpu_side(cand), None, cpu,
+                            time.perf_counter() - t0, run.error or "no figures")
+        q = run.quantized
+        acc = q.value(goal.metric)
+        return RealLine(method, goal.met(acc, q.task), acc, q.task.get(task_name) if task_name else None,
+                        conv.bpu_latency_ms, cpu_side(cand), len(run.int16_tensors), cpu, time.perf_counter() - t0,
+                        note)
+
+    # tuner's winner, verified
+    ctx = StudyContext(search.last_study, search.paths)
+    ok = sorted((r for r in t_rows if meets(r, goal) and not r.duplicate),
+                key=lambda r: (r.latency_ms, -goal_accuracy(r, goal), r.number))
+    folder = Path(search.paths.root) / "real"
+    folder.mkdir(parents=True, exist_ok=True)
+    tried = []
+    for row in ok[:VERIFY_TOP]:
+        t0 = time.perf_counter()
+        path = ctx.export(row, folder)
+        line = scored(f"tuner (trial {row.number})", convert(tc, path, knobs), path, row.trial_record.candidate, t0,
+                      f"sim {goal_accuracy(row, goal):.5f}, modeled {row.latency_ms:.3f} ms")
+        tried.append(line)
+        if line.met:
+            break
+    lines += tried
+    # hmct's layerwise search on the base YAML
+    base_yaml = Path(search.space.base)
+    base_cand = search.ws.base_candidate()
+    for k in LAYERWISE_K:
+        lw = Layerwise(topk=k)
+        t0 = time.perf_counter()
+        try:
+            conv = convert(tc, base_yaml, knobs, layerwise=lw)
+        except TunerError as exc:
+            lines.append(RealLine(lw.describe(), None, None, None, None, cpu_side(base_cand), None, 0,
+                                  time.perf_counter() - t0, str(exc)))
+            continue
+        lines.append(scored(lw.describe(), conv, base_yaml, base_cand, t0,
+                            "the base YAML; per node the best of max / max-percentile 0.99995 / kl"))
+    winner = next((ln for ln in tried if ln.met), None)
+    rivals = [ln for ln in lines if ln not in tried and ln.met]
+    if winner is None:
+        verdict = ("tuner's trials did not meet the goal on the real tool" if tried else
+                   "no tuner trial met the goal in simulation")
+        verdict += "; " + (f"{len(rivals)} hmct layerwise run(s) did" if rivals else "neither did hmct's layerwise search")
+    elif not rivals:
+        verdict = "tuner's winner meets the goal on the real tool; no hmct layerwise run does"
+    else:
+        best = min(rivals, key=lambda ln: ln.total_ms or math.inf)
+        faster = (winner.total_ms or math.inf) <= (best.total_ms or math.inf)
+        verdict = (f"both meet the goal; tuner's winner is {'faster' if faster else 'SLOWER'} "
+                   f"({winner.total_ms:.3f} vs {best.total_ms:.3f} ms, {best.method})")
+    head = ["method", "goal met (real)", f"real {goal.metric}"] + ([f"real {task_name}"] if task_name else []) + \
+        ["hbdk BPU ms", "+ modeled CPU side ms", "int16 tensors", "CPU nodes", "wall s", "note"]
+    table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for ln in lines:
+        cells = [ln.method, {True: "yes", False: "**no**", None: "refused"}[ln.met],
+                 "-" if ln.accuracy is None else f"{ln.accuracy:.5f}"]
+        if task_name:
+            cells.append("-" if ln.task is None else f"{ln.task:.4f}")
+        cells += ["-" if ln.bpu_ms is None else f"{ln.bpu_ms:.3f}", f"{ln.cpu_side_ms:.3f}",
+                  "-" if ln.int16 is None else str(ln.int16), str(ln.cpu), f"{ln.wall_s:.0f}", ln.note]
+        table.append("| " + " | ".join(cells) + " |")
+    text = [f"On the real toolchain ({tc.fingerprint}, compiled at {level}): tuner's cheapest goal-meeting trials "
+            f"(up to {VERIFY_TOP}, until one meets the goal on the real quantized model) against hmct's own "
+            "layerwise int16 search on the base YAML (through its Python API; the YAML cannot ask for it). "
+            "Accuracy: the real quantized model on the evaluation data.", "", *table, "",
+            f"Check (real): {verdict}.", ""]
+    return "\n".join(text), lines
 
 
 def judge(lines: list[Line]) -> str:
@@ -382,6 +515,11 @@ def main(argv: list[str] | None = None) -> int:
                         "where a model has labels (floored at float - 0.01)")
     p.add_argument("--quick", action="store_true", help="budget 30, top_k 12, exhaustive over 6 nodes with 30 trials")
     p.add_argument("--out", default=str(REPO / "results" / "benchmarks"), help="folder of the markdown tables")
+    p.add_argument("--no-real", action="store_true",
+                   help="skip the real-toolchain check (tuner's winner and hmct's layerwise int16 search converted by "
+                        "hb_mapper); it runs when the toolchain is installed (tuner toolchain install)")
+    p.add_argument("--real-level", default="O3", choices=("O0", "O1", "O2", "O3"),
+                   help="optimize_level of those conversions (hbdk's latency estimate depends on it; default O3)")
     a = p.parse_args(argv)
     names = [m.strip() for m in a.models.split(",") if m.strip()]
     if any(m not in MODELS for m in names):
@@ -397,6 +535,16 @@ def main(argv: list[str] | None = None) -> int:
            f"load average at start {os.getloadavg()[0]:.1f} (shared machine: wall times are noisy). "
            "Latency is the cost model's (modeled), not measured on a board.", ""]
     t_start = time.perf_counter()
+    tc = None
+    if not a.no_real:
+        from tuner.toolchain.hbrun import runs_dir
+        from tuner.toolchain.installed import find_toolchain
+
+        tc = find_toolchain()      # found (and its runs cached) before the cache folder moves below
+        if tc is not None:
+            os.environ["TUNER_HB_RUNS"] = str(runs_dir())
+        else:
+            out += ["The real toolchain is not installed: the real-toolchain checks are skipped.", ""]
     with tempfile.TemporaryDirectory(prefix="bench_quality.") as tmp:
         os.environ["TUNER_CACHE_DIR"] = str(Path(tmp) / "cache")
         for name in names:
@@ -407,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
                 out += [f"### {name}", "", "skipped: rapidocr-onnxruntime is not installed", ""]
                 continue
             try:
-                text, _ = bench_model(prep, Path(tmp) / name, budget, a.seed, a.objective)
+                text, _ = bench_model(prep, Path(tmp) / name, budget, a.seed, a.objective, tc, a.real_level)
             except Exception as exc:  # one model's failure should not lose the others' tables
                 import traceback
 

@@ -68,12 +68,22 @@ def test_verify_runs_the_tool_imports_its_log_and_shows_the_gap(study_dir):
         assert fed.user_attrs["verified_from"] == number and fed.params == original.params
         assert fed.values[0] == pytest.approx(rec.accuracy) and fed.values[1] == pytest.approx(original.values[1])
     assert "real - sim" in r.stdout and "added to the study as trial(s)" in r.stdout
+    # trials.csv now carries the real figures beside the simulated ones, on the verified trials only
+    import csv
+
+    table = {int(row["trial"]): row for row in csv.DictReader(paths.trials_csv.open())}
+    for number, rec in recs.items():
+        assert table[number]["real_status"] == "ok"
+        assert float(table[number]["real_accuracy"]) == pytest.approx(rec.accuracy, abs=1e-6)
+    assert all(row["real_status"] == "" for n, row in table.items() if n not in recs)
+    assert "real beside simulated: " in r.stdout
     # status shows real next to simulated; export can pick by the real figure
     s = cli("status", "tiny", cwd=root)
     assert s.returncode == 0 and "Verified with the real toolchain (2 of 2 ok" in s.stdout
     e = cli("export", "tiny", "--by", "real", "--out", root / "real.yaml", cwd=root)
     assert e.returncode == 0, e.stderr
-    best = max(recs, key=lambda n: recs[n].accuracy)
+    lat = {r.number: r.latency_ms for r in rows(study)}
+    best = max(recs, key=lambda n: (recs[n].accuracy, -lat[n], -n))    # a tie on the real figure: the cheaper
     assert f"trial {best}:" in e.stdout and (root / "real.yaml").is_file()
     # a trial without a log has no comparison
     others = [t.number for t in study.trials if t.number not in recs]

@@ -54,6 +54,7 @@ def import_log(args: argparse.Namespace) -> int:
         study, paths = open_existing(args.study, args.storage, args.results_dir)
         ctx = StudyContext(study, paths, args.threads)
         record = attach_log(ctx, args.trial, log, feedback=not args.no_feedback)
+        _refresh_csv(study, paths)
         if record.comparison is not None:
             comparison = record.comparison
             target = ctx.workspace().target
@@ -103,6 +104,15 @@ def import_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refresh_csv(study, paths) -> Path | None:
+    """trials.csv with the real records just stored (when the study has its results folder here)."""
+    from tuner.study.outputs import rewrite_trials_csv
+
+    if not Path(paths.root).is_dir():
+        return None
+    return rewrite_trials_csv(study, paths)
+
+
 def verify(args: argparse.Namespace) -> int:
     from tuner.study.loop import duration
     from tuner.study.storage import open_existing
@@ -132,10 +142,12 @@ def verify(args: argparse.Namespace) -> int:
     done = verify_study(ctx, args.command, top=args.top, numbers=numbers, timeout=duration(args.timeout),
                         again=args.again, feedback=not args.no_feedback, log_name=args.log_name, say=say, local=local)
     print(local_table(done, ctx.info.objectives) if local else results_table(done))
+    csv_path = _refresh_csv(study, paths)
     added = [str(rec.feedback_trial) for _, rec in done if rec.feedback_trial is not None]
     if added:
         print(f"\nreal values added to the study as trial(s) {', '.join(added)} (the sampler learns from them)")
-    print(f"\nper trial: {paths.root / 'verify'}/trial_NNNNN/ (YAML, output.txt, the tool's artefacts)")
+    print(f"\nper trial: {paths.root / 'verify'}/trial_NNNNN/ (YAML, output.txt, the tool's artefacts)"
+          + (f"; real beside simulated: {csv_path}" if csv_path else ""))
     return 0 if all(rec.ok for _, rec in done) else 1
 
 

@@ -31,7 +31,7 @@ from tuner.study.record import Objectives, TrialRecord, direction_name
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
 from tuner.study.validation import Validation, choose_best, stored
-from tuner.toolchain.records import real_records
+from tuner.toolchain.records import RealRecord, real_records
 
 
 class Output(Protocol):
@@ -85,10 +85,13 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
 
 
 def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = None,
-               objectives: Objectives | None = None) -> str:
+               objectives: Objectives | None = None, real: Mapping[int, RealRecord] | None = None) -> str:
     """One line per completed trial; with ``vals``, the validation figures of the trials re-scored
     (blank for the others) and each one's per-sample worst case; with ``objectives``, the latency
-    as a multiple of the all-int8 plan's and each constraint's margin (> 0: met)."""
+    as a multiple of the all-int8 plan's and each constraint's margin (> 0: met); with ``real``
+    (``tuner verify``'s records, when there are any), the real toolchain's figures beside the
+    simulated ones: status, the objective on the quantized model (and on the calibrated model),
+    hbdk's BPU milliseconds and every constraint metric measured (``--local``)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     task = list(dict.fromkeys(k for r in rows for k in r.trial_record.task))
@@ -96,6 +99,11 @@ def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = 
     ratio = objectives is not None and objectives.reference("latency_ms:int8") is not None
     names = [m.name for m in objectives.margins(1.0, 1.0, {})] if objectives is not None else []
     extra += (["latency_ratio"] if ratio else []) + [f"margin {n}" for n in names]
+    real = {n: rec for n, rec in (real or {}).items()}
+    real_metrics = list(dict.fromkeys(k for rec in real.values() for k in (rec.metrics or {})))
+    if real:
+        extra += ["real_status", "real_accuracy", "real_calibrated_accuracy", "real_compiler_ms"] + \
+            [f"real {k}" for k in real_metrics]
     w.writerow(["trial", "accuracy", "latency_ms", "feasible", "subgraphs", "cpu_nodes", "int16_nodes"] + task
                + extra + ["calibration", "plan"])
     for r in sorted(rows, key=lambda r: r.number):
@@ -107,9 +115,27 @@ def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = 
             lr = results.latency_ratio(r, objectives)
             more += ([f"{lr:.4f}"] if ratio and lr is not None else [""] if ratio else [])
             more += [f"{m.margin:.6g}" for m in results.margins(r, objectives)]
+        if real:
+            rec = real.get(r.number)
+            more += ([rec.status, _cell(rec.real_accuracy), _cell(rec.calibrated_accuracy), _cell(rec.compiler_ms, 4)]
+                     + [_cell((rec.metrics or {}).get(k)) for k in real_metrics] if rec is not None
+                     else [""] * (4 + len(real_metrics)))
         w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts.subgraphs,
                     r.counts.cpu_nodes, r.counts.int16_nodes] + values + more + [r.calibration, r.plan or ""])
     return buf.getvalue()
+
+
+def _cell(v: float | None, digits: int = 6) -> str:
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def rewrite_trials_csv(study: optuna.Study, paths: StudyPaths) -> Path:
+    """trials.csv from the study alone (its stored validations and real records): what ``tuner
+    verify`` calls after it adds real figures, so the file shows them without another search."""
+    objectives = results.study_objectives(study)
+    write_atomic(paths.trials_csv, trials_csv(results.rows(study, objectives), stored(study) or None, objectives,
+                                              real_records(study)))
+    return paths.trials_csv
 
 
 def default_renderer() -> Callable[[ReportSnapshot], str]:
@@ -159,8 +185,8 @@ class ResultFiles:
         return self._csv_pending > 0 and (self._csv_pending >= CSV_EVERY_TRIALS
                                           or time.monotonic() - self._csv_at >= CSV_EVERY_S)
 
-    def _write_csv(self, rows: list[results.Row]) -> None:
-        write_atomic(self.paths.trials_csv, trials_csv(rows, self.vals, self.objectives))
+    def _write_csv(self, rows: list[results.Row], study: optuna.Study) -> None:
+        write_atomic(self.paths.trials_csv, trials_csv(rows, self.vals, self.objectives, real_records(study)))
         self._csv_at, self._csv_pending = time.monotonic(), 0
 
     # the loop's callback protocol
@@ -190,7 +216,7 @@ class ResultFiles:
             self._csv_pending += 1
         if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
             if self._csv_due():
-                self._write_csv(results.rows(study, self.objectives))
+                self._write_csv(results.rows(study, self.objectives), study)
             return self._last_best
         rows = results.rows(study, self.objectives)
         front = results.pareto(rows)
@@ -209,7 +235,7 @@ class ResultFiles:
         state = (best.number if best else None, tuple(r.number for r in front))
         if not force and state == self._last_written:
             if self._csv_due():
-                self._write_csv(rows)
+                self._write_csv(rows, study)
             return best
         self._last_written = state
         if best is not None:
@@ -227,7 +253,7 @@ class ResultFiles:
         for old in self.paths.pareto.glob("trial_*.yaml"):
             if old.name not in keep:
                 old.unlink(missing_ok=True)
-        self._write_csv(rows)
+        self._write_csv(rows, study)
         return best
 
     def _write_closest(self, rows: list[results.Row]) -> None:

@@ -34,7 +34,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,27 @@ class CompileKnobs:
 
 
 @dataclass(frozen=True)
+class Layerwise:
+    """hmct's own int16 promotion (``layerwise_search``), which hb_mapper's YAML cannot ask for: the
+    ``topk`` calibration nodes of lowest single-node cosine become ``qtype`` (None: every node below
+    0.999), each node calibrated with the best of max, max-percentile 0.99995 and kl. Run through
+    :mod:`tuner.toolchain.hb_layerwise_script` (hb_mapper with these calibration parameters added)."""
+
+    topk: int | None = None
+    qtype: str = "int16"
+
+    def calibration_params(self) -> dict[str, Any]:
+        """What hmct's Python API takes (``hmct/common/quant/update_quant_config.py``)."""
+        out: dict[str, Any] = {"use_int16": self.qtype == "int16"}
+        if self.topk is not None:
+            out["mix_topk"] = int(self.topk)
+        return out
+
+    def describe(self) -> str:
+        return f"hmct layerwise {self.qtype} top-{self.topk if self.topk is not None else 'auto'}"
+
+
+@dataclass(frozen=True)
 class Layer:
     """One row of hbdk's per-layer table (debug builds)."""
 
@@ -114,6 +135,7 @@ class Conversion:
     subgraphs: tuple[Subgraph, ...] = ()
     cpu_nodes: tuple[str, ...] = ()     # the node table's CPU rows
     bpu_nodes: int = 0
+    quantizer: dict[str, Any] = field(default_factory=dict)   # calibration parameters added (Layerwise)
     cached: bool = False                # answered from the cache (not stored)
 
     @property
@@ -345,14 +367,18 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float | None, 
 
 
 def convert(tc: Toolchain, yaml_path: str | Path, knobs: CompileKnobs | None = None, timeout: float | None = None,
-            cache: bool = True, say: Any = None) -> Conversion:
+            cache: bool = True, say: Any = None, layerwise: Layerwise | None = None) -> Conversion:
     """Convert ``yaml_path`` with the real tool (or return the cached run of the same inputs).
+    ``layerwise``: with hmct's own int16 promotion on top of the YAML (:class:`Layerwise`).
 
     A YAML the tool refuses is a Conversion with ``ok`` False and ``error`` its one line, not an
     exception; a YAML tuner's own parser refuses raises TunerError before anything runs."""
     knobs = knobs or CompileKnobs()
     yaml_path = Path(yaml_path)
     raw, fp_text, model, _ = prepared_config(yaml_path, knobs)
+    extra = layerwise.calibration_params() if layerwise is not None else {}
+    if extra:
+        fp_text += "|quantizer=" + json.dumps(extra, sort_keys=True)
     key = run_key(fp_text, tc)
     root = runs_dir()
     final = root / key
@@ -373,12 +399,15 @@ def convert(tc: Toolchain, yaml_path: str | Path, knobs: CompileKnobs | None = N
         write_atomic(work / WORK_YAML, dump_yaml(raw))
         if say:
             say(f"hb_mapper makertbin {yaml_path.name} (run {key[:12]}) ...")
-        rc, seconds, timed_out = _run([str(tc.hb_mapper), "makertbin", "--config", WORK_YAML, "--model-type", "onnx"],
+        cmd = [str(tc.hb_mapper)]
+        if extra:
+            cmd = [str(tc.python), str(Path(__file__).with_name("hb_layerwise_script.py")), json.dumps(extra)]
+        rc, seconds, timed_out = _run(cmd + ["makertbin", "--config", WORK_YAML, "--model-type", "onnx"],
                                       work, tc.env(), timeout, work / "output.txt")
         output = (work / "output.txt").read_text(encoding="utf-8", errors="replace")
         base = Conversion(key=key, folder=str(final), ok=False, returncode=rc, seconds=round(seconds, 2),
                           prefix=prefix, toolchain=tc.fingerprint,
-                          knobs={k: v for k, v in asdict(knobs).items() if v is not None})
+                          knobs={k: v for k, v in asdict(knobs).items() if v is not None}, quantizer=extra)
         conv = _read_run(work, base, output)
         if timed_out:
             conv = replace(conv, ok=False, error=f"hb_mapper did not finish within {timeout:g} s and was stopped")
