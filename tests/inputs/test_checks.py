@@ -5,6 +5,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
+import yaml
 from helpers import write_example_project
 from onnx import TensorProto, helper
 
@@ -123,9 +124,21 @@ def test_example_radar_range_channel_is_named(tmp_path):
     msg = ratio[0].message
     assert "channel 3 spans |x| <= 79" in msg and "channels 0, 1, 2, 4" in msg
     assert "int16" in msg and "InputType" in msg and "rescale channel 3" in msg
+    # only Slices read it: hb gives it the first Slice's (RGB) range, so the radar channel is clipped
+    assert "first Slice, '/Slice' (channels 0-2), |x| <= 1," in msg and "channel 3 is clipped at 1" in msg
     # the example's input feeds Slices: hb_mapper's per-channel scales reach Conv inputs only
     assert "set per_channel: True" not in msg and "per_channel does not help" in msg and "Slice" in msg
     assert report.exit_code() == 1
+
+
+def test_range_ratio_names_the_first_slice_threshold_and_an_int16_request_lifts_it(tmp_path):
+    cfg = write_example_project(tmp_path / "ex", n_cal=12, n_eval=1)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["model_parameters"]["node_info"] = {"/Slice_2": {"InputType": "int16"}}
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    (f,) = by_code(check_data(cfg), "range_ratio")
+    # a node_info entry on a Slice gives the input its own calibration (measured): no clipping, the old story
+    assert "clipped" not in f.message and "one per-tensor int8 scale" in f.message
 
 
 def test_range_ratio_below_threshold_is_silent_and_per_channel_downgrades(tmp_path):

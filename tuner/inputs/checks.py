@@ -27,6 +27,7 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
+import onnx.numpy_helper
 
 from tuner.errors import TunerError
 from tuner.inputs.config import HbConfig, InputSpec, load_config
@@ -361,6 +362,56 @@ def _channel_findings(data: InputData, spec: InputSpec, acc: _Acc, samples: int,
     return out
 
 
+def _slice_channels(proto, node) -> tuple[int, int] | None:
+    """[start, end) along axis 1 of a Slice whose starts/ends/axes are constants, else None."""
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    for n in proto.graph.node:
+        if n.op_type == "Constant" and n.output:
+            for a in n.attribute:
+                if a.name == "value":
+                    consts[n.output[0]] = onnx.numpy_helper.to_array(a.t)
+    ins = list(node.input) + [""] * 5
+    if len(node.input) >= 3:          # opset >= 10: starts, ends, axes, steps as inputs
+        starts, ends = consts.get(ins[1]), consts.get(ins[2])
+        axes = consts.get(ins[3]) if ins[3] else None
+        steps = consts.get(ins[4]) if ins[4] else None
+    else:                             # opset 1-9: attributes
+        attrs = {a.name: list(a.ints) for a in node.attribute}
+        starts, ends, axes, steps = attrs.get("starts"), attrs.get("ends"), attrs.get("axes"), None
+    if starts is None or ends is None:
+        return None
+    starts, ends = [int(v) for v in np.ravel(starts)], [int(v) for v in np.ravel(ends)]
+    axes_l = [int(v) for v in np.ravel(axes)] if axes is not None else list(range(len(starts)))
+    if steps is not None and any(int(v) != 1 for v in np.ravel(steps)):
+        return None
+    if 1 not in axes_l:
+        return None
+    k = axes_l.index(1)
+    return starts[k], ends[k]
+
+
+def _group_threshold(name: str, absmax: np.ndarray, config: HbConfig, proto) -> tuple[float, str] | None:
+    """The max threshold hb_mapper gives input ``name`` when only Slices read it: the first Slice's
+    output range (graph order), not the input's own (measured on the real toolchain: the bundled
+    example's input, read by three Slices, gets the RGB Slice's 1.0 and its radar channels are clipped;
+    docs/hb_rules/placement.md 2b, tuner.simulate.sharing). None when a compute op reads the input or
+    a Slice carries a node_info entry (then the input keeps its own range), or the Slice is not a
+    constant channel slice."""
+    readers = [n for n in proto.graph.node if name in n.input]
+    if not readers or any(n.op_type != "Slice" for n in readers):
+        return None
+    if any(k != "ON" or v != "CPU" for n in readers for k, v in config.node_info.get(n.name, {}).items()):
+        return None
+    first = readers[0]
+    span = _slice_channels(proto, first)
+    if span is None:
+        return None
+    chans = list(range(len(absmax)))[span[0]:span[1]]
+    if not chans:
+        return None
+    return float(max(absmax[c] for c in chans)), f"{first.name!r} (channels {chans[0]}-{chans[-1]})"
+
+
 def _range_findings(name: str, acc: _Acc, config: HbConfig, proto) -> list[Finding]:
     """Channels of one input whose max|x| differs by >= RANGE_RATIO: split at the largest gap."""
     absmax = np.maximum(np.abs(acc.min), np.abs(acc.max))
@@ -390,8 +441,21 @@ def _range_findings(name: str, acc: _Acc, config: HbConfig, proto) -> list[Findi
         fix = "make the input int16"
         extra = (f" (per_channel does not help: hb_mapper applies per-channel scales only on Conv inputs, and "
                  f"this input feeds {', '.join(readers)})")
+    group = _group_threshold(name, absmax, config, proto)
     out = []
     for c in large:
+        if group is not None and absmax[c] > group[0] * 1.0001:
+            t, first = group
+            out.append(Finding(severity, "range_ratio", name, c,
+                               f"input {name!r} channel {c} spans |x| <= {absmax[c]:.4g} while channel"
+                               f"{'s' if len(small) > 1 else ''} {', '.join(map(str, small))} span <= {small_max:.3g} "
+                               f"({absmax[c] / small_max:.0f}x), and only Slices read the input: hb_mapper gives it "
+                               f"the threshold of the first Slice, {first}, |x| <= {t:.3g}, so channel {c} is "
+                               f"clipped at {t:.3g} (under max; measured on the real toolchain); {fix}: an int16 "
+                               f"request on any one of its Slices gives it its own range (node_info "
+                               f"{{{nodes[0]!r}: {{InputType: int16}}}}), "
+                               f"or rescale channel {c} in the data and the model{extra}"))
+            continue
         step = float(absmax[c]) / 127.0
         levels = small_max / step
         out.append(Finding(severity, "range_ratio", name, c,
