@@ -226,15 +226,16 @@ def build_int16_rules_model(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def write_int16_rules_project(root: Path, n: int = 6) -> Path:
-    """:func:`build_int16_rules_model` with calibration data in which x0 and x1 nearly cancel."""
+def write_int16_rules_project(root: Path, n: int = 6, amplitude: float = 1.0) -> Path:
+    """:func:`build_int16_rules_model` with calibration data in which x0 and x1 nearly cancel
+    (x1 uniform in +-``amplitude``)."""
     root.mkdir(parents=True, exist_ok=True)
     onnx.save(build_int16_rules_model(), str(root / "rules.onnx"))
     (root / "cal").mkdir(exist_ok=True)
     rng = np.random.default_rng(7)
     for i in range(n):
         x = np.empty((1, 2, 8, 8), np.float32)
-        x[:, 1] = rng.uniform(-1, 1, (8, 8))
+        x[:, 1] = rng.uniform(-amplitude, amplitude, (8, 8))
         x[:, 0] = x[:, 1] + rng.normal(0, 0.003, (8, 8))
         x.tofile(root / "cal" / f"{i:04d}.bin")
     cfg = root / "hb_config.yaml"

@@ -12,7 +12,8 @@ from tuner.workspace import Workspace
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    return Workspace.open(write_int16_rules_project(tmp_path_factory.mktemp("rules")))
+    # |x| up to 2: the Conv floor max|w| x T_in = 10 x 2 lies above the Sigmoid's fixed int16 input 11.09
+    return Workspace.open(write_int16_rules_project(tmp_path_factory.mktemp("rules"), amplitude=2.0))
 
 
 def sim_scales(ws, cand) -> dict[str, float]:
@@ -37,16 +38,19 @@ def test_int16_input_on_a_conv_is_quantized_with_the_int16_scale(ws):
 
 
 def test_adjust_conv_quant_params_floors_the_int16_conv_output(ws):
-    """max|w| x T_in = 10 x ~1 is far above the cancelling Conv's own output range (~0.1): the floor binds."""
+    """max|w| x T_in = 10 x ~2 is far above the cancelling Conv's own output range (~0.2) and above the
+    fixed int16 input threshold of the Sigmoid that alone reads it (11.09031): the floor binds (hb keeps
+    the floor on the Conv's output node and the Sigmoid's 11.09 on a second one, tuner one point at the
+    floor: docs/hb_rules/calibration.md 6)."""
     cand = Candidate.make(Calibration("max"), {"/cancel/Conv": {"InputType": "int16"}})
     table = ws.simulator.scales(cand.calibration)
     t_in, t_out = table.threshold("x", "int16"), table.threshold("/cancel/Conv_out", "int16")
-    assert 10 * t_in > 20 * t_out
+    assert 10 * t_in > 20 * t_out and 10 * t_in > 1.5 * 11.09031
     scales = sim_scales(ws, cand)
     assert scales["/cancel/Conv_out__int16"] == pytest.approx(10.0 * t_in / 32767, rel=1e-6)
-    # no int16 input: no floor, the output keeps its own int8 threshold
+    # no int16 input: no floor; the output, read by the Sigmoid alone, takes hb's fixed 5.49897
     plain = sim_scales(ws, Candidate.make(Calibration("max")))
-    assert plain["/cancel/Conv_out__int8"] == pytest.approx(t_out / 127, rel=1e-6)
+    assert plain["/cancel/Conv_out__int8"] == pytest.approx(5.498970031738281 / 127, rel=1e-6)
     # under per_channel the output stays per-tensor (no Conv reads it: per-channel activation scales
     # exist only on Conv inputs, hb_quantizer_facts 1.5) and still gets the floor (max|w| = 10)
     pc = Candidate.make(Calibration("max", per_channel=True), {"/cancel/Conv": {"InputType": "int16"}})

@@ -19,6 +19,7 @@ from tuner.calib.methods import hb_kernel_percentile as kernel_percentile
 from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.inputs.calibrated import map_to_graph, parse_calibrated, read_calibrated
+from tuner.simulate.qdq import plan_scales
 from tuner.toolchain.calibrated_report import CalibratedReport, build_report
 from tuner.toolchain.calibrated_run import runnable_model
 from tuner.workspace import Workspace
@@ -39,6 +40,7 @@ def own_max_model(ws, plan, scales) -> onnx.ModelProto:
     model = onnx.ModelProto()
     model.CopyFrom(ws.model.proto)
     dtypes = {t: d for t, d in list(plan.edges.values()) + list(plan.cpu_reads.values()) + list(plan.outputs.items())}
+    scales = plan_scales(scales, plan)     # hb's fixed and derived thresholds (Sigmoid) as the plan has them
     acts = {t: {"thresholds": [scales.threshold(plan.scale_of.get(t, t), dtypes.get(t, "int8"))],
                 "qtype": dtypes.get(t, "int8")} for t in plan.quantized_tensors()}
     weights = {(ws.graph.by_name[n].inputs[1], n): {"thresholds": weight_max(model, ws.graph.by_name[n].inputs[1])}

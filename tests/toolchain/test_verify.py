@@ -1,5 +1,6 @@
 """tuner verify end to end: a real study, real subprocesses (the stand-in hb_mapper, shell commands)."""
 
+import os
 import subprocess
 import sys
 import time
@@ -20,9 +21,9 @@ from tuner.toolchain.verify import StudyContext, verify_study
 FAKE = Path(__file__).with_name("fake_hb_mapper.py")
 
 
-def cli(*args, cwd):
+def cli(*args, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+                          timeout=600, env=None if env is None else {**os.environ, **env})
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,11 @@ def study_dir(tmp_path_factory):
 def test_verify_runs_the_tool_imports_its_log_and_shows_the_gap(study_dir):
     root, _ = study_dir
     cmd = f"{sys.executable} {FAKE} makertbin --config {{yaml}} --model-type onnx"
-    r = cli("verify", "tiny", "--top", "2", "--command", cmd, "--timeout", "120", cwd=root)
+    # no int16 refusal here (test_import_log has it): a refused int16 Sigmoid makes the stand-in another
+    # model (its int8 input flips the CPU Greater's mask, 0.99 on the Where nodes where tuner has 1.0),
+    # whose per-node order is not the simulator's, whichever trials the study ranks first
+    r = cli("verify", "tiny", "--top", "2", "--command", cmd, "--timeout", "120", cwd=root,
+            env={"FAKE_HB_REFUSE": "none"})
     assert r.returncode == 0, r.stdout + r.stderr
     study, paths = open_existing("tiny", None, root / "results")
     recs = real_records(study)
@@ -46,10 +51,13 @@ def test_verify_runs_the_tool_imports_its_log_and_shows_the_gap(study_dir):
         assert rec.status == "ok", rec
         folder = paths.root / "verify" / f"trial_{number:05d}"
         assert (folder / "hb_mapper_makertbin.log").is_file() and (folder / "model_output" / "fake.bin").is_file()
-        # the stand-in's error is 3x the simulator's: the real output cosine is lower
-        assert rec.accuracy_source == "log:mean_cosine" and rec.accuracy < rec.sim_accuracy
+        # the stand-in's error is 3x the simulator's: on the same terms (its log's: the first calibration
+        # sample) the real output cosine is lower (the trial's own figure is pooled over the evaluation data,
+        # where the first sample may be easier or harder than the mean)
+        assert rec.accuracy_source == "log:mean_cosine"
         comp = comparison_for_trial(study, number)
         assert isinstance(comp, Comparison) and comp.output_cosine_gap < 0 and comp.n_paired >= 12
+        assert rec.accuracy == pytest.approx(comp.real_output_cosine, abs=1e-6)
         assert comp.spearman > 0.8
         # compared on the log's terms: the stand-in's tables are its simulation on the first calibration
         # sample with hb's formulas, its error 3x tuner's, so where their graphs agree (no Sigmoid upstream)

@@ -30,6 +30,8 @@ from tuner.candidate import Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Node, Target, fused_edges, fusion_groups
 from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
+from tuner.simulate.fixed import fixed_thresholds, unsigned_tensors
+from tuner.simulate.scales import Derived, Fixed
 from tuner.simulate.sharing import threshold_sources
 
 INT8, INT16 = "int8", "int16"
@@ -60,6 +62,14 @@ class Plan:
     # of the parts, and the quantization points between the parts: (part, k) -> (tensor, dtype)
     softmax: dict[str, str] = field(default_factory=dict)
     internal: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+    # hb's thresholds that calibration does not give (tuner.simulate.fixed): scale source -> rule
+    fixed: dict[str, Fixed] = field(default_factory=dict)
+    derived: dict[str, Derived] = field(default_factory=dict)
+    # the scale sources an asymmetric calibration makes uint8 (tuner.simulate.fixed.unsigned_tensors)
+    unsigned: frozenset[str] = frozenset()
+    # tensors rounded first on their own calibrated threshold in this dtype, before the int16 point that
+    # reads them (a ConvTranspose's int8 output ahead of hb's separate bias Add, see _bias_split)
+    pre_round: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_subgraphs(self) -> int:
@@ -125,7 +135,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         # measured; one BPU Add is enough to pass).
         raise TunerError("hb_mapper refuses this configuration: there is no node on the BPU (\"There is no node "
                          "can execute on BPU in this model\"); keep at least one node on the BPU")
-    groups = {n.name: g for g in fusion_groups(graph, target) for n in g}
+    groups_list = fusion_groups(graph, target)
+    groups = {n.name: g for g in groups_list for n in g}
 
     def emits16(node: Node) -> bool:
         """Whether the tensor a BPU node writes may be int16: the node and, at the end of a fusion
@@ -161,10 +172,14 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         """A BPU node whose output no BPU node reads (its readers are CPU nodes, or it is a model
         output) leaves the BPU in high precision: a Conv group in int32 (leaves_in_int32), any other op
         that may emit int16 in int16 with the same threshold (hb's ``<out>_before`` int16 node at a model
-        output). A Sigmoid's table output stayed int8. Measured on the real toolchain (notes on hmct's
-        placement rules, 1b: A_cpu_conv4, A2_cpu_mulout; the example's ``depth_before`` and
-        ``/Sub_1_output_0`` are int16 in every configuration)."""
-        if not target.post_calibration or node.op_type == "Sigmoid" or not node.outputs \
+        output). A Sigmoid's or HardSigmoid's table output read only by CPU nodes stays int8 (A2_cpu_addy;
+        PP-OCR's p2o.HardSigmoid.0 before a CPU Mul: int8 at 1.0); at a model output it is int16
+        (``<out>_before`` int16, threshold 0.999985: a toy Conv -> Sigmoid -> output and PP-OCR's
+        detector). Measured on the real toolchain (notes on hmct's placement rules, 1b: A_cpu_conv4,
+        A2_cpu_mulout; the example's ``depth_before`` and ``/Sub_1_output_0`` are int16 in every
+        configuration)."""
+        table_to_cpu = node.op_type in ("Sigmoid", "HardSigmoid") and not any(o in outputs_set for o in node.outputs)
+        if not target.post_calibration or table_to_cpu or not node.outputs \
                 or leaves_in_int32(node.name) or not emits16(node):
             return False
         if not target.int16_output(node.op_type, node.proto):
@@ -184,6 +199,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     passthrough: dict[tuple[str, int], tuple[str, str]] = {}
     scale_of: dict[str, str] = {}
     conv_floors: dict[str, tuple[str, str]] = {}
+    pre_round: dict[str, str] = {}
 
     # Tensors already on a quantization grid: outputs of passive BPU ops whose input was
     # quantized. tensor -> (tensor whose scale applies, dtype).
@@ -198,15 +214,19 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
             if on_bpu:
                 if producer is not None and p_bpu and (producer.name, node.name) in fused:
                     continue
-                asked = s.input_dtype(k) == INT16 or (all_int16 and target.int16_input(node.op_type, k))
+                asked = s.input_dtype(k) == INT16 or (all_int16 and target.int16_input(node.op_type, k)) \
+                    or _lut_reads_int16(graph, target, node, out16)
                 from_producer = producer is not None and out16[producer.name]
                 # S4: an int16 input asks its producer for an int16 output too; a BPU producer
                 # that cannot give one (Resize, ConvTranspose, ...) makes the request fall back.
                 producer_ok = producer is None or not p_bpu or emits16(producer)
+                bias_add = p_bpu and producer is not None and _bias_split(graph, producer)
                 dtype = INT8
                 if asked or from_producer:
-                    if target.int16_input(node.op_type, k) and producer_ok:
+                    if target.int16_input(node.op_type, k) and (producer_ok or bias_add):
                         dtype = INT16
+                        if not producer_ok:
+                            pre_round[tensor] = INT8
                     elif s.input_dtype(k) == INT16 and (node.name, k) not in refused:
                         refused.add((node.name, k))
                         if not target.int16_input(node.op_type, k):
@@ -277,12 +297,19 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                and n.inputs[target.weight_ops[n.op_type][0]] in graph.initializers]
 
     subgraph = _subgraphs(graph, placement)
+    fixed: dict[str, Fixed] = {}
+    derived: dict[str, Derived] = {}
+    unsigned: frozenset[str] = frozenset()
     if target.post_calibration:
         scale_of = threshold_sources(graph, target, candidate, placement, scale_of)
         _int16_groups(graph, target, edges, passthrough, scale_of, in_dtype)
+        rounded = {t for t, _ in list(edges.values()) + list(cpu_reads.values())} | set(outputs)
+        fixed, derived = fixed_thresholds(graph, target, placement, edges, passthrough, scale_of, rounded)
+        unsigned = unsigned_tensors(graph, target, placement, list(groups_list), edges, passthrough, scale_of)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
-                scale_of=scale_of, notes=notes, conv_floors=conv_floors, softmax=softmax, internal=internal)
+                scale_of=scale_of, notes=notes, conv_floors=conv_floors, softmax=softmax, internal=internal,
+                fixed=fixed, derived=derived, unsigned=unsigned, pre_round=pre_round)
 
 
 def _int16_groups(graph: Graph, target: Target, edges: dict[tuple[str, int], tuple[str, str]],
@@ -301,6 +328,28 @@ def _int16_groups(graph: Graph, target: Target, edges: dict[tuple[str, int], tup
                 and target.int16_input(node.op_type, k):
             edges[(name, k)] = (tensor, INT16)
             in_dtype[name] = INT16
+
+
+#: LUT ops that are arithmetic with a constant rather than a table of a function: not covered by
+#: _lut_reads_int16 (an int16 Sub by a constant at a model output has not been measured).
+ARITHMETIC_LUTS = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Relu", "LeakyRelu", "Pow"})
+
+
+def _lut_reads_int16(graph: Graph, target: Target, node: Node, out16: dict[str, bool]) -> bool:
+    """A function table (Sigmoid, Abs, ...) whose output is int16 reads its input in int16 too (its
+    int16 table, HzLut2Layer): measured for a Sigmoid at a model output (PP-OCR's detector, a toy
+    Conv -> Sigmoid: input int16 at 11.0903) and for Abs (notes on hmct's placement rules,
+    A2_cpu_mulout); the other function tables inferred alike."""
+    return out16.get(node.name, False) and node.op_type in target.lut_ops \
+        and node.op_type not in ARITHMETIC_LUTS and len(graph.data_inputs(node)) == 1
+
+
+def _bias_split(graph: Graph, node: Node) -> bool:
+    """A ConvTranspose with a bias, which emits int8 only: hb_mapper keeps its bias as an Add of its own
+    when the reader wants int16 (PP-OCR's detector: ``HzSQuantizedConvTranspose`` int8 at its output
+    threshold 140.33, then ``HzSElementwiseAdd`` ``output_bit 16`` feeding the int16 Sigmoid). The int16
+    reader is granted, and the tensor is rounded to int8 on its own threshold first (``Plan.pre_round``)."""
+    return node.op_type == "ConvTranspose" and len(node.inputs) > 2 and bool(node.inputs[2])
 
 
 def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, str]

@@ -23,7 +23,7 @@ from tuner.graph import Graph, Node, Target
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
 from tuner.simulate.plan import Plan
-from tuner.simulate.scales import Scale, Scales, floor_threshold
+from tuner.simulate.scales import PlanScales, Scale, Scales, floor_threshold
 
 MS = "com.microsoft"
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
@@ -219,6 +219,14 @@ def _quant_point(tensor: str, dtype: str, src: str, s: Scale, memo: dict[Any, An
     return (scale_t, zp_t), (q, dq), dq.output[0]
 
 
+def plan_scales(scales: Scales, plan: Plan) -> Scales:
+    """``scales`` under ``plan``'s fixed and derived thresholds and its uint8 choice (tuner.simulate.fixed),
+    or ``scales`` itself when the plan has none."""
+    if not (plan.fixed or plan.derived or plan.unsigned):
+        return scales
+    return PlanScales(scales, plan.fixed, plan.derived, plan.unsigned)
+
+
 def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: Plan, scales: Scales,
                     weights: WeightCache, extra_outputs: list[str] | None = None,
                     external: ExternalWeights | None = None, memo: dict[Any, Any] | None = None,
@@ -239,6 +247,21 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     new_inits: dict[str, onnx.TensorProto] = {}
     qdq_after: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # Q/DQ pairs, keyed by the tensor they read
     made: dict[tuple[str, str, bool], str] = {}
+    own_scales = scales
+    scales = plan_scales(scales, plan)
+
+    def emit(tensor: str, dtype: str, src: str, s: Scale, after: str) -> str:
+        zp = np.asarray(s.zero_point)
+        point_key = ("qdq", fused, tensor, dtype, src, s.axis, np.asarray(s.scale).tobytes(), zp.dtype.char,
+                     zp.tobytes())
+        if point_key not in memo:
+            memo[point_key] = _quant_point(tensor, dtype, src, s, memo, fused)
+        point: QuantPoint = memo[point_key]
+        inits, point_nodes, out = point
+        for t in inits:
+            new_inits.setdefault(t.name, t)
+        qdq_after[after] += point_nodes
+        return out
 
     def quantized(tensor: str, dtype: str, source: str | None = None, channel: bool = False) -> str:
         key = (tensor, dtype, channel)
@@ -260,18 +283,12 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                 memo[("wthr", w_name)] = np.abs(w.reshape(w.shape[0], -1)).max(axis=1).astype(np.float64)
             s = floor_threshold(s, memo[("wthr", w_name)] * t_in, dtype)
         src = source or tensor
-        zp = np.asarray(s.zero_point)
-        point_key = ("qdq", fused, tensor, dtype, src, s.axis, np.asarray(s.scale).tobytes(), zp.dtype.char,
-                     zp.tobytes())
-        if point_key not in memo:
-            memo[point_key] = _quant_point(tensor, dtype, src, s, memo, fused)
-        point: QuantPoint = memo[point_key]
-        inits, point_nodes, out = point
-        for t in inits:
-            new_inits.setdefault(t.name, t)
-        qdq_after[src] += point_nodes
-        made[key] = out
-        return out
+        after = src
+        pre = plan.pre_round.get(tensor)
+        if pre is not None and pre != dtype:   # the producer's own rounding first (plan._bias_split)
+            src = emit(f"{tensor}__pre", pre, src, own_scales.get(tensor, pre), after)
+        made[key] = emit(tensor, dtype, src, s, after)
+        return made[key]
 
     # Quantized model outputs: the producer writes "<out>__raw"; Q/DQ writes "<out>".
     raw = {out: f"{out}__raw" for out in plan.outputs}

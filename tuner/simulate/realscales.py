@@ -192,7 +192,19 @@ def real_plan(plan: Plan, graph: Graph, real: MappedThresholds) -> Plan:
         elif real.leaves_float(out):
             outputs.pop(out, None)
     own = {t for t in real.activations if rounding(t) is not None}
-    return replace(plan, edges=edges, cpu_reads=cpu_reads, passthrough=passthrough, outputs=outputs,
-                   scale_of={t: v for t, v in plan.scale_of.items() if t not in own},
+    return replace(without_real_rules(plan, real), edges=edges, cpu_reads=cpu_reads, passthrough=passthrough,
+                   outputs=outputs, scale_of={t: v for t, v in plan.scale_of.items() if t not in own},
                    conv_floors={t: v for t, v in plan.conv_floors.items() if t not in own},
-                   notes=list(plan.notes))
+                   pre_round={t: v for t, v in plan.pre_round.items() if t not in own}, notes=list(plan.notes))
+
+
+def without_real_rules(plan: Plan, real: MappedThresholds) -> Plan:
+    """``plan`` without tuner's fixed, derived and uint8 rules (tuner.simulate.fixed) for the tensors
+    hb_mapper's calibrated model rounds itself: its real thresholds and qtypes stand there unchanged,
+    and tuner's rules apply only to tensors the file does not know."""
+    own = {t for t, nodes in real.activations.items() if any(n.quantizes for n in nodes)}
+    if not own & (set(plan.fixed) | set(plan.derived) | plan.unsigned):
+        return plan
+    return replace(plan, fixed={t: f for t, f in plan.fixed.items() if t not in own},
+                   derived={t: d for t, d in plan.derived.items() if t not in own},
+                   unsigned=frozenset(plan.unsigned - own))

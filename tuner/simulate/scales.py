@@ -12,13 +12,22 @@ Two of hb_mapper's rules live here (hb_quantizer_facts section 1, read from hori
 * **asymmetric** does not compute min/max affine ranges: the asymmetric variants reuse the
   symmetric thresholds (src 24313449169), and the eligible calibration nodes become ``uint8`` with
   scale ``T / 255`` and zero point 0, i.e. the range [0, T] (src 24364465367). Which nodes are
-  eligible is decided in C++; tuner takes the non-negative tensors (min >= 0, e.g. after a ReLU)
-  [inferred, hb_quantizer_facts 1.6]. Signed tensors stay int8 symmetric. The method's clipping
-  (max-percentile, kl) is kept.
+  eligible is a property of the graph, decided where the plan is made
+  (:func:`tuner.simulate.fixed.unsigned_tensors`, measured on the real toolchain); a ScaleTable
+  gives the uint8 form when asked for dtype ``uint8`` and :class:`PlanScales` asks for it. The
+  method's clipping (max-percentile, kl) is kept.
+
+Thresholds hb_mapper does not take from calibration at all (:class:`Fixed`, :class:`Derived`:
+a Sigmoid's input 5.49897, a Sigmoid's output sigmoid(input threshold), ...) are rules of the plan
+too; :class:`PlanScales` lays them and the uint8 choice over any table (see
+``docs/hb_rules/calibration.md`` section 6 and :mod:`tuner.simulate.fixed` for the measurements).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,24 +100,115 @@ class ScaleTable:
             self._cache[key] = self._compute(tensor, dtype, channel)
         return self._cache[key]
 
-    def unsigned(self, tensor: str, dtype: str) -> bool:
-        """Asymmetric calibration turns this tensor's int8 node into uint8 (range [0, T])."""
-        return self.calibration.asymmetric and dtype == "int8" and self.stats[tensor].min >= 0.0
-
     def _compute(self, tensor: str, dtype: str, channel: bool) -> Scale:
         st = self.stats[tensor]
-        unsigned = self.unsigned(tensor, dtype)
-        qmax = QMAX["uint8" if unsigned else dtype]
+        unsigned = dtype == "uint8"     # the asymmetric form of an int8 node (PlanScales asks for it)
+        grid = "int8" if unsigned else dtype
+        qmax = QMAX[dtype]
         zdtype = np.uint8 if unsigned else np.int16 if dtype == "int16" else np.int8
         # Thresholds are those of the signed grid: the asymmetric variant copies them (1.6).
-        t = self.memo.get(tensor, self.method, self.percentile, QMAX[dtype])
+        t = self.memo.get(tensor, self.method, self.percentile, QMAX[grid])
         if channel and st.channel_absmax is not None and st.channel_absmax.size > 1:
-            ct = channel_thresholds(st, self.method, percentile=self.percentile, qmax=QMAX[dtype])
+            ct = channel_thresholds(st, self.method, percentile=self.percentile, qmax=QMAX[grid])
             ct = np.where(ct > 0, ct, max(t, 1e-30))
             scales = (ct / qmax).astype(np.float32)
             return Scale(scales, np.zeros(scales.shape, zdtype), 1, t)
         scale = np.float32(t / qmax) if t > 0 else np.float32(1.0)
         return Scale(scale, zdtype(0), None, t)
+
+
+def per_tensor(threshold: float, dtype: str) -> Scale:
+    """The symmetric per-tensor Scale of ``threshold`` on the ``dtype`` grid."""
+    zdtype = np.int16 if dtype == "int16" else np.int8
+    return Scale(np.float32(threshold / QMAX[dtype]), zdtype(0), None, float(threshold))
+
+
+#: hb_mapper's fixed input thresholds of a LUT op whose input node only it reads, by the dtype of that
+#: input (float32 values read from real calibrated models, hmct 1.1.0; docs/hb_rules/calibration.md 6):
+#: Sigmoid 5.49897 in int8 whatever the data (max 1.70 and 36.6 alike), 11.09031 in int16 (ln(65535)
+#: as hb rounds it: sigmoid of it is 1 - 2^-16); HardSigmoid 3.0 in both.
+FIXED_INPUT: dict[str, dict[str, float]] = {
+    "Sigmoid": {"int8": 5.498970031738281, "int16": 11.090310096740723},
+    "HardSigmoid": {"int8": 3.0, "int16": 3.0},
+}
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A threshold hb_mapper fixes instead of calibrating.
+
+    ``kind`` is a LUT op of :data:`FIXED_INPUT` (its input, fixed by ``dtype``, the dtype the LUT reads
+    it in: one number for every point of the tensor's group, as hb shares one threshold), or ``unit``:
+    scale 1 on whatever grid reads it (threshold = the grid's qmax), what hb gives the 0/1 output of a
+    Cast (the Where split's ``<name>_cast``: 127.0 in int8, 32767.0 under set_all_nodes_int16, measured
+    on the example's calibrated models)."""
+
+    kind: str
+    dtype: str = "int8"
+
+    def threshold(self, dtype: str) -> float:
+        if self.kind == "unit":
+            return float(QMAX[dtype])
+        return FIXED_INPUT[self.kind][self.dtype]
+
+
+def _hard_sigmoid(t: float, alpha: float, beta: float) -> float:
+    return min(1.0, max(0.0, alpha * t + beta))
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A LUT op's output threshold as hb_mapper sets it: the op applied to its input's threshold
+    (Sigmoid, HardSigmoid, Tanh, Softplus; measured: sigmoid(8.35089) = 0.999764 where the input is
+    shared and calibrated, hard_sigmoid(2.01287) = 0.835479, softplus and tanh of the kl input
+    threshold, not the output's own kl threshold). ``source`` is the tensor whose threshold the input
+    point uses, ``dtype`` the dtype it is read in."""
+
+    op: str
+    source: str
+    dtype: str
+    alpha: float = 0.2
+    beta: float = 0.5
+
+    def value(self, t_in: float) -> float:
+        if self.op == "Sigmoid":
+            return 1.0 / (1.0 + math.exp(-t_in))
+        if self.op == "HardSigmoid":
+            return _hard_sigmoid(t_in, self.alpha, self.beta)
+        if self.op == "Tanh":
+            return math.tanh(t_in)
+        if self.op == "Softplus":
+            return t_in + math.log1p(math.exp(-t_in))
+        raise ValueError(f"no derived threshold for {self.op}")
+
+
+class PlanScales:
+    """A table's scales under one plan's rules: :class:`Fixed` and :class:`Derived` thresholds win
+    over calibration, and under an asymmetric calibration the plan's ``unsigned`` tensors (its uint8
+    choice, tuner.simulate.fixed) take their int8 points in uint8. Every other lookup is the table's.
+    Built per simulated model (cheap: the table keeps its cache)."""
+
+    def __init__(self, inner: Scales, fixed: Mapping[str, Fixed], derived: Mapping[str, Derived],
+                 unsigned: AbstractSet[str]):
+        self.inner = inner
+        self.stats = inner.stats
+        self.calibration = getattr(inner, "calibration", None)
+        self.fixed, self.derived, self.unsigned = fixed, derived, unsigned
+        self.asymmetric = bool(getattr(self.calibration, "asymmetric", False))
+
+    def get(self, tensor: str, dtype: str, channel: bool = False) -> Scale:
+        f = self.fixed.get(tensor)
+        if f is not None:
+            return per_tensor(f.threshold(dtype), dtype)
+        d = self.derived.get(tensor)
+        if d is not None:
+            return per_tensor(d.value(self.get(d.source, d.dtype).threshold), dtype)
+        if self.asymmetric and dtype == "int8" and tensor in self.unsigned:
+            return self.inner.get(tensor, "uint8", channel)
+        return self.inner.get(tensor, dtype, channel)
+
+    def threshold(self, tensor: str, dtype: str = "int8") -> float:
+        return self.get(tensor, dtype).threshold
 
 
 def floor_threshold(s: Scale, floor: np.ndarray, dtype: str) -> Scale:

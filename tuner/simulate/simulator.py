@@ -46,8 +46,8 @@ from tuner.simulate.calibrate import (
     single_node_plan,
 )
 from tuner.simulate.plan import Plan, make_plan
-from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, weight_axis
-from tuner.simulate.realscales import RealCalibration, RealScales, real_plan
+from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, plan_scales, weight_axis
+from tuner.simulate.realscales import RealCalibration, RealScales, real_plan, without_real_rules
 from tuner.simulate.scales import Scales, ScaleTable
 
 #: The explicit calibration a candidate is simulated with: ``default`` and ``mix`` resolved, or hb_mapper's.
@@ -291,8 +291,9 @@ class Simulator:
         """The candidate's plan; under real thresholds whose qtypes are honoured (``eval --thresholds``),
         with hb_mapper's quantization points from its calibrated model (realscales.real_plan)."""
         plan = make_plan(self.graph, self.target, candidate)
-        if isinstance(calibration, RealCalibration) and calibration.honour_qtypes:
-            plan = real_plan(plan, self.graph, calibration.real)
+        if isinstance(calibration, RealCalibration):
+            plan = real_plan(plan, self.graph, calibration.real) if calibration.honour_qtypes \
+                else without_real_rules(plan, calibration.real)
         return plan
 
     def evaluate(self, candidate: Candidate, per_node: bool = False, per_sample: bool = False) -> Evaluation:
@@ -454,7 +455,7 @@ class Simulator:
 
     def _rows(self, plan: Plan, calibration: Resolved,
               sims: dict[str, Similarity]) -> list[NodeRow]:
-        scales = self.scales(calibration)
+        scales = plan_scales(self.scales(calibration), plan)
         rows = []
         for node in self.graph:
             # the input's threshold as hb's table prints it: the tensor whose statistics it is quantized
