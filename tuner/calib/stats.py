@@ -146,7 +146,7 @@ class StatsCollector:
 
         # Validation done: from here on, mutate.
         a = np.abs(x)
-        self._kl.add(a, call_end)
+        self._kl.add(a, call_end, amax)
         self._samples += x.shape[0] if x.ndim >= 2 else 1
         if layout:
             ch = a.reshape(x.shape[0], layout, -1).max(axis=(0, 2)).astype(np.float64)
@@ -241,9 +241,10 @@ class _KLHistogram:
         self._held: list[np.ndarray] = []      # |x| (float32, nonzero) waiting for the call's end
         self._held_zeros = 0
 
-    def add(self, a: np.ndarray, call_end: bool) -> None:
+    def add(self, a: np.ndarray, call_end: bool, amax: float) -> None:
+        """``a``: |x| of one array; ``amax``: its max (the caller has it)."""
         a = np.asarray(a, dtype=np.float32).ravel()
-        top = np.float32(a.max()) if a.size else np.float32(0.0)
+        top = np.float32(amax)
         self._call_max = max(self._call_max, top)
         if self.width is None and self._given is not None and top > 0:
             self._start(self._given)
@@ -253,7 +254,7 @@ class _KLHistogram:
                 self._held.append(nz)
             self._held_zeros += a.size - nz.size
         else:
-            self._bin(a)
+            self._bin(a, top)
         if call_end:
             self.end_call()
 
@@ -274,7 +275,7 @@ class _KLHistogram:
             need = self._needed(top)
         held, self._held = self._held, []
         for a in held:
-            self._bin(a)
+            self._bin(a, np.float32(a.max()))
         if self._held_zeros:
             self.hist[0] += self._held_zeros
             self._held_zeros = 0
@@ -296,14 +297,15 @@ class _KLHistogram:
         assert self.width is not None
         return int(np.ceil(np.float32(top) / self.width))
 
-    def _bin(self, a: np.ndarray) -> None:
+    def _bin(self, a: np.ndarray, top: np.float32) -> None:
+        """Bin ``a`` (float32, max ``top``) with the current width, growing the bins to hold it."""
         assert self.width is not None and self.hist is not None
         if a.size == 0:
             return
-        idx = (a / self.width).astype(np.int64)     # float32 division, truncation == floor
-        top = int(idx.max()) + 1
-        if top > self.hist.size:
-            self.hist = np.concatenate((self.hist, np.zeros(top - self.hist.size, np.int64)))
+        size = int(top / self.width) + 1                 # the same float32 division as every value's
+        if size > self.hist.size:
+            self.hist = np.concatenate((self.hist, np.zeros(size - self.hist.size, np.int64)))
+        idx = (a / self.width).astype(np.intp)           # float32 division, truncation == floor
         self.hist += np.bincount(idx, minlength=self.hist.size)
 
 
