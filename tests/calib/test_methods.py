@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hb_probes import DATA as PROBE_DATA
+from hb_probes import measured, probe_calls
 
-from tuner.calib.methods import METHODS, _kl_divergences, asymmetric_range, channel_thresholds, kl_layout, threshold
+from tuner.calib.methods import (
+    KL_EMPTY_EPS,
+    METHODS,
+    asymmetric_range,
+    channel_thresholds,
+    kl_bin,
+    kl_divergences,
+    threshold,
+)
 from tuner.calib.stats import NBINS, StatsCollector, TensorStats
+
+DATA_DIR = PROBE_DATA.parent
 
 
 def collect(*chunks, nbins: int = NBINS) -> TensorStats:
@@ -71,110 +85,114 @@ def test_percentile_needs_valid_p(p):
         threshold(s, "percentile", percentile=p)
 
 
-# ---------------------------------------------------------------- kl
+# ---------------------------------------------------------------- kl (docs/hb_rules/calibration.md 1b)
 
 
-def _smooth(d, eps=1e-4):
-    zeros = d == 0
-    nz = zeros.sum()
-    nnz = d.size - nz
-    if nnz == 0:
-        return None
-    out = d + np.where(zeros, eps, -eps * nz / nnz)
-    return None if (out <= 0).any() else out
-
-
-def reference_kl(abs_values: np.ndarray, width: float, nbins: int, candidates, nq: int = 128):
-    """MXNet/TensorRT-style entropy calibration with plain loops, on an np.histogram of the raw values."""
-    hist, edges = np.histogram(abs_values, bins=nbins, range=(0.0, width * nbins))
-    divs = reference_divergences(hist, candidates, nq)
-    best = int(np.argmin(divs))
-    return min(float(edges[candidates[best]]), float(abs_values.max())), divs
-
-
-def reference_divergences(hist: np.ndarray, candidates, nq: int = 128) -> np.ndarray:
-    """KL(P || Q) per candidate bin count, one candidate and one level at a time."""
-    hist = np.asarray(hist, dtype=np.float64)
-    divs = []
-    for i in candidates:
-        p = hist[:i].copy()
-        p[i - 1] += hist[i:].sum()  # outliers clipped into the last bin
-        m = i // nq
-        levels = [hist[j * m : (j + 1) * m].sum() for j in range(nq)]
-        levels[-1] += hist[nq * m : i].sum()
+def reference_divergences(hist: np.ndarray, eps: float = KL_EMPTY_EPS) -> np.ndarray:
+    """hmct's divergence per candidate i = 128 .. len - 1, one candidate and one level at a time."""
+    h = np.asarray(hist, dtype=np.float64).copy()
+    h[0] = 0.0                                           # bin 0 does not count
+    out = []
+    for i in range(128, h.size):
+        p = h[:i].copy()
+        p[i - 1] += h[i:].sum()                          # clipped mass into the last kept bin
+        m = i // 128
         q = np.zeros(i)
-        for j in range(nq):
-            start = j * m
-            stop = i if j == nq - 1 else start + m
+        for j in range(128):
+            start, stop = j * m, (i if j == 127 else (j + 1) * m)
+            mass = h[start:stop].sum()                   # Q from the unclipped bins
             nonzero = p[start:stop] != 0
             if nonzero.any():
-                q[start:stop] = np.where(nonzero, levels[j] / nonzero.sum(), 0.0)
-        ps, qs = _smooth(p), _smooth(q)
-        if ps is None or qs is None:
-            divs.append(np.inf)
-            continue
-        ps, qs = ps / ps.sum(), qs / qs.sum()
-        divs.append(float(np.sum(ps * np.log(ps / qs))))
-    return np.array(divs)
+                q[start:stop] = np.where(nonzero, mass / nonzero.sum(), 0.0)
+        ps, qs = p / p.sum(), (q / q.sum() if q.sum() > 0 else q)
+        terms = [pv * np.log(pv / (qv if qv > 0 else eps)) for pv, qv in zip(ps, qs) if pv > 0]
+        out.append(float(np.sum(terms)))
+    return np.array(out)
 
 
 def _histograms():
     rng = np.random.default_rng(7)
-    dense = np.histogram(np.abs(rng.standard_normal(200_000)), bins=2048)[0]
+    dense = np.histogram(np.abs(rng.standard_normal(200_000)), bins=1024)[0]
     outliers = dense.copy()
     outliers[-3:] += [1, 0, 2]
-    sparse = np.where(rng.random(2048) < 0.004, rng.integers(1, 50, 2048), 0)  # smoothing shift > 0.01
-    gappy = dense.copy()
-    gappy[300:900] = 0                                       # whole empty levels for many candidates
-    relu = np.zeros(2048, np.int64)
-    relu[0], relu[1:400] = 100_000, rng.integers(0, 30, 399)  # a spike at zero, a thin tail
-    return {"dense": dense, "outliers": outliers, "sparse": sparse, "gappy": gappy, "relu": relu}
+    sparse = np.where(rng.random(1300) < 0.02, rng.integers(1, 50, 1300), 0)
+    sparse[-1] = 1
+    gappy = np.concatenate([dense[:300], np.zeros(900, np.int64), [3]])   # Q's last level empty: eps terms
+    relu = np.zeros(1500, np.int64)
+    relu[0], relu[1:400], relu[-1] = 100_000, rng.integers(0, 30, 399), 1
+    mask = np.zeros(1024, np.int64)
+    mask[0], mask[-1] = 5000, 40
+    return {"dense": dense, "outliers": outliers, "sparse": sparse, "gappy": gappy, "relu": relu, "mask": mask}
 
 
 @pytest.mark.parametrize("name", list(_histograms()))
 def test_kl_divergences_equal_a_loop_over_candidates(name):
     h = _histograms()[name]
-    candidates = np.arange(2048, 127, -7)[::-1]
-    got = _kl_divergences(h, 128, candidates)
-    ref = reference_divergences(h, candidates)
-    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(ref))
-    assert np.isfinite(ref).any()
-    finite = np.isfinite(ref)
-    np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-9, atol=1e-12)
-    # the same pick, or one whose divergence ties the minimum to rounding (the sparse one has
-    # exact ties at 0: with so few nonzero bins Q equals P for many candidates)
-    assert ref[np.argmin(got)] <= ref.min() + 1e-9 * abs(ref.min()) + 1e-12
+    i, got = kl_divergences(h)
+    ref = reference_divergences(h)
+    np.testing.assert_array_equal(i, np.arange(128, h.size))
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["gaussian_outliers", "relu"])
-def test_kl_matches_reference(name):
-    x = DATASETS[name]()
-    s = collect(x[:1000].reshape(10, 100), x[1000:].reshape(-1, 100))
-    abs_x = np.abs(x.astype(np.float64))
-    h, width, candidates = kl_layout(s)
-    ref, divs = reference_kl(abs_x, width, h.size, candidates)
-    got = threshold(s, "kl")
-    # The histograms are identical (exact streaming), so the picks agree unless two candidates'
-    # divergences tie to within float rounding of differently ordered sums.
-    if got != ref:
-        c = int(np.flatnonzero(candidates == round(got / width))[0])
-        assert abs(divs[c] - divs.min()) <= 1e-9 * abs(divs.min())
-    assert 0 < got <= s.absmax
+def test_kl_matches_hmcts_kernel_on_generated_probes():
+    """110 probes (11 distributions x 2 seeds x 5 call patterns: one call, growing and shrinking
+    ranges, batches of 8, a 20x range jump past max_num_bin) measured on hmct's kernel: bit-equal."""
+    probes = measured()["probes"]
+    off = []
+    for r in probes:
+        c = StatsCollector()
+        for x in probe_calls(r["dist"], r["seed"], r["pattern"]):
+            c.update(x)
+        s = c.result()
+        assert threshold(s, "max") == r["max"]
+        got = threshold(s, "kl")
+        if got != r["kl"]:
+            off.append((r["dist"], r["seed"], r["pattern"], got, r["kl"]))
+    assert not off, off
+    assert len(probes) == 110
+    assert min(r["kl"] / r["max"] for r in probes) < 0.3       # the probes do clip (t3, lognormal)
 
 
-def test_kl_layout_is_hb_mappers_1024_bins_with_cut_points_from_128():
-    """hb_mapper's kl:num_bin=1024 (hb_quantizer_facts 1.4): bins of hist_max / 1024, cut points from
-    128 bins (the int8 half-range) to the full range, every 4th bin at most."""
-    for name in ("gaussian_outliers", "relu"):
-        s = collect(DATASETS[name]())
-        h, width, candidates = kl_layout(s)
-        assert h.sum() == s.hist.sum()                       # merging and trimming lose no mass
-        assert width == s.hist_max / 1024
-        assert s.absmax <= h.size * width < s.absmax + width + 1e-12
-        assert 512 < h.size <= 1024
-        assert candidates[-1] == h.size                      # no clipping is always a candidate
-        step = candidates[1] - candidates[0]
-        assert 128 <= candidates[0] < 128 + step and 1 <= step <= 4 and (np.diff(candidates) == step).all()
+def test_kl_bin_matches_hmcts_kernel_on_model_histograms():
+    """Every 5th of the 205 activation histograms of the example (batch 1) and PP-OCRv4's detector
+    (batch 8) with the bin hmct's kernel picked: 40 of 41 equal. The one off is PP-OCR's
+    hardsigmoid_13.tmp_0 (192 values, 62 of them at the top: a divergence above 1 whose ties the
+    kernel breaks at bin 128); hb fixes a HardSigmoid output threshold at 1.0 anyway."""
+    with np.load(DATA_DIR / "hb_kl_model_histograms.npz") as z:
+        kernel, tensors = z["kernel_bin"], [str(t) for t in z["tensor"]]
+        hists = [z[f"h{j}"] for j in range(len(tensors))]
+    off = [(t, kl_bin(h), int(k)) for t, h, k in zip(tensors, hists, kernel) if kl_bin(h) != k]
+    assert [o[0] for o in off] == ["hardsigmoid_13.tmp_0"], off
+
+
+def test_kl_window_and_candidate_range():
+    """Designed histograms, the kernel's bins measured: equal counts (the pick stops 4 candidates
+    short of the end: 1019 of 1024); a flat bulk on bins 1..400 and one value at the top (the
+    candidates from 512 on tie exactly: the first whole window on that plateau, centred on 516, wins);
+    the same with 1000 values at the top (406); a 0/1 mask (every candidate ties: 1015)."""
+    uniform = np.full(1024, 50, np.int64)
+    assert kl_bin(uniform) == 1019
+    step = np.zeros(1024, np.int64)
+    step[1:401], step[-1] = 1000, 1
+    assert kl_bin(step) == 516
+    step[-1] = 1000
+    assert kl_bin(step) == 406
+    mask = np.zeros(1024, np.int64)
+    mask[0], mask[-1] = 900, 100
+    assert kl_bin(mask) == 1015
+
+
+def test_kl_ignores_bin_zero():
+    """Exact zeros (and anything below one bin) do not count: ReLU outputs are calibrated as if their
+    zeros did not exist (measured: 50 % zeros or 50 % values of 1e-6 change nothing)."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(20_000).astype(np.float32)
+    base = collect(x.reshape(1, -1))
+    with_zeros = collect(np.concatenate([x, np.zeros(20_000, np.float32)]).reshape(1, -1))
+    with_tiny = collect(np.concatenate([x, np.full(20_000, 1e-6, np.float32)]).reshape(1, -1))
+    assert threshold(base, "kl") == threshold(with_zeros, "kl") == threshold(with_tiny, "kl")
+    shifted = np.concatenate([x, np.full(20_000, 3.5 * base.kl_width, np.float32)])   # the same mass in bin 3
+    assert threshold(collect(shifted.reshape(1, -1)), "kl") != threshold(base, "kl")
 
 
 def test_kl_clips_outliers_but_max_does_not():
@@ -182,10 +200,9 @@ def test_kl_clips_outliers_but_max_does_not():
     s = collect(x)
     t_kl = threshold(s, "kl")
     assert threshold(s, "max") == s.absmax == 62.0
-    # the bulk is N(0, 1); outliers reach 62. hb_mapper's 1024-bin layout clips to 1/8 of the
-    # power-of-two range at most (8.0 here), TensorRT's 2048-bin one went to 1/16.
-    assert 8.0 <= t_kl < 0.3 * s.absmax
-    # channel_thresholds on the same stats: clipped for kl, untouched for max
+    # the bulk is N(0, 1), outliers reach 62: the 1024 bins of 62 / 1024 put the bulk in ~70 bins,
+    # below the 128-level floor of the search, which clips to about bin 128 (7.8)
+    assert 7.5 <= t_kl < 0.3 * s.absmax
     s2 = collect(np.stack([x, x / 1000.0], axis=1))
     np.testing.assert_array_equal(channel_thresholds(s2, "max"), [62.0, np.float32(62.0) / 1000.0])
     ct = channel_thresholds(s2, "kl")
@@ -193,19 +210,17 @@ def test_kl_clips_outliers_but_max_does_not():
     assert ct[1] == s2.channel_absmax[1]
 
 
-def test_kl_can_pick_the_full_range():
-    # Equal counts in every bin: at the full range Q equals P and KL is exactly 0, while any
-    # smaller i piles outlier mass into P's last bin. The full range must be a candidate.
-    x = np.repeat((np.arange(2048) + 0.5) / 2048, 3)
-    s = collect(x)
-    h, width, candidates = kl_layout(s)
-    ref, _ = reference_kl(x, width, h.size, candidates)
-    assert threshold(s, "kl") == ref == s.absmax
-
-
-def test_kl_int16_is_absmax():
+def test_kl_int16_is_the_int8_threshold():
+    """hmct's kernel ignores the node's qtype, and hb_mapper keeps the kl thresholds on int16 nodes
+    (a toy: an int16 Conv input 12.294 = its kl threshold, max 12.496)."""
     s = collect(gaussian_with_outliers())
-    assert threshold(s, "kl", qmax=32767) == s.absmax
+    assert threshold(s, "kl", qmax=32767) == threshold(s, "kl") < s.absmax
+
+
+def test_kl_without_its_histogram_reads_the_exact_one():
+    s = collect(DATASETS["relu"]().astype(np.float32).reshape(1, -1))
+    bare = TensorStats(count=s.count, min=s.min, max=s.max, channel_absmax=None, hist=s.hist, hist_max=s.hist_max)
+    assert threshold(bare, "kl") == pytest.approx(threshold(s, "kl"), rel=0.01)
 
 
 # ---------------------------------------------------------------- mse
@@ -309,37 +324,64 @@ def test_thresholds_never_exceed_absmax():
                 assert 0.0 < threshold(s, m, percentile=0.9999, qmax=qmax) <= s.absmax
 
 
-# ---------------------------------------------------------------- max-percentile (hb_mapper's reading)
+# ---------------------------------------------------------------- max-percentile (docs/hb_rules/calibration.md 2)
 
 
 def test_hb_kernel_percentile_is_the_notes_p_prime():
-    """hb_quantizer_facts 1.3: p' = max(0.5, 1 - (1 - p) N)."""
+    """hmct's add_calibration_methods: p' = max(0.5, 1 - (1 - p) N)."""
     from tuner.calib.methods import hb_kernel_percentile
 
     for n, want in ((50, 0.9975), (100, 0.995), (500, 0.975), (10_000, 0.5), (20_000, 0.5)):
         assert hb_kernel_percentile(0.99995, n) == pytest.approx(want, abs=1e-12)
 
 
-def test_max_percentile_is_the_p_prime_quantile_of_the_running_max():
+def kth_largest_rule(calls: list[np.ndarray], p_kernel: float) -> float:
+    """The k-th largest |x| over every value, k = n - ceil(p' n) + 1, n values per sample."""
+    values = np.sort(np.abs(np.concatenate([c.ravel() for c in calls])))
+    n = calls[0][0].size
+    k = n - math.ceil(float(np.float32(p_kernel)) * n) + 1
+    return float(values[-k])
+
+
+def test_max_percentile_matches_hmcts_kernel_on_generated_probes():
+    """The rule is bit-equal to the kernel on the 110 probes; tuner reads it off its exact histogram,
+    within one bin. The running-max reading (the p'-quantile of the element-wise max over samples)
+    is not the kernel: it differs where the same positions are large in every sample."""
+    for r in measured()["probes"]:
+        calls = probe_calls(r["dist"], r["seed"], r["pattern"])
+        assert kth_largest_rule(calls, r["kernel_percentile"]) == r["max_percentile_threshold"], r
+        c = StatsCollector()
+        for x in calls:
+            c.update(x)
+        s = c.result()
+        assert s.samples == r["samples"]
+        got = threshold(s, "max-percentile", percentile=r["max_percentile"])
+        assert abs(got - r["max_percentile_threshold"]) <= s.bin_width, (r, got)
+    hot = [r for r in measured()["probes"] if r["dist"] == "hot_positions" and r["samples"] == 16]
+    for r in hot:
+        calls = probe_calls(r["dist"], r["seed"], r["pattern"])
+        running = np.max(np.abs(np.concatenate(calls)), axis=0)
+        reading = np.sort(running)[math.ceil(float(np.float32(r["kernel_percentile"])) * running.size) - 1]
+        assert reading < 0.9 * r["max_percentile_threshold"]
+
+
+def test_max_percentile_is_the_pooled_kth_largest():
     rng = np.random.default_rng(3)
     samples = [rng.standard_normal((1, 2, 16, 16)).astype(np.float32) * (1 + 4 * (i == 7)) for i in range(40)]
+    samples[3][0, 0, :4, :4] = 9.0 + rng.random((4, 4))            # one sample's hot corner
     c = StatsCollector()
     for x in samples:
         c.update(x)
     s = c.result()
     assert s.samples == 40
-    running = np.max(np.abs(np.concatenate(samples)), axis=0).astype(np.float64)
-    for p in (0.9999, 0.99995, 0.999):
-        p_kernel = max(0.5, 1 - (1 - p) * 40)
-        want = float(np.quantile(running, p_kernel))
+    for p in (0.9999, 0.99995, 0.999, 0.99):
+        want = kth_largest_rule(samples, max(0.5, 1 - (1 - p) * 40))
         got = threshold(s, "max-percentile", percentile=p)
-        assert abs(got - want) <= s.bin_width + 1e-12, (p, got, want)
-        # a different statistic from the pooled p-quantile of |x|
-        assert got != threshold(s, "percentile", percentile=p)
+        assert abs(got - want) <= s.bin_width, (p, got, want)
     assert threshold(s, "max-percentile", percentile=1.0) == s.absmax
 
 
-def test_max_percentile_without_running_max_falls_back_to_the_pooled_reading():
+def test_max_percentile_without_samples_falls_back_to_the_pooled_reading():
     s = collect(gaussian_with_outliers())
     bare = TensorStats(count=s.count, min=s.min, max=s.max, channel_absmax=None, hist=s.hist, hist_max=s.hist_max)
     assert threshold(bare, "max-percentile", percentile=0.999) == threshold(s, "percentile", percentile=0.999)

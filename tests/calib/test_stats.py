@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tuner.calib import stats as stats_mod
-from tuner.calib.stats import NBINS, StatsCollector, TensorStats, load_stats, save_stats
+from tuner.calib.stats import KL_NUM_BIN, NBINS, StatsCollector, TensorStats, load_stats, save_stats
 
 
 def collect(chunks, nbins: int = NBINS) -> TensorStats:
@@ -224,9 +224,9 @@ def _sample_stats() -> dict[str, TensorStats]:
 def assert_same(a: TensorStats, b: TensorStats) -> None:
     assert (a.count, a.min, a.max, a.hist_max, a.samples) == (b.count, b.min, b.max, b.hist_max, b.samples)
     assert np.array_equal(a.hist, b.hist) and b.hist.dtype == np.int64
-    assert (a.max_hist is None) == (b.max_hist is None)
-    if a.max_hist is not None:
-        assert np.array_equal(a.max_hist, b.max_hist) and a.max_hist.sum() > 0
+    assert (a.kl_hist is None) == (b.kl_hist is None) and a.kl_width == b.kl_width
+    if a.kl_hist is not None:
+        assert np.array_equal(a.kl_hist, b.kl_hist) and b.kl_hist.dtype == np.int64 and a.kl_hist.sum() > 0
     if a.channel_absmax is None:
         assert b.channel_absmax is None
     else:
@@ -272,3 +272,115 @@ def test_load_rejects_other_npz(tmp_path):
     np.savez(path, a=np.arange(3))
     with pytest.raises(ValueError, match="stats file"):
         load_stats(path)
+
+
+# ---------------------------------------------------------------- hmct's kl histogram (docs/hb_rules/calibration.md 1a)
+
+
+def kl_reference(calls: list[np.ndarray]) -> tuple[np.ndarray, np.float32]:
+    """The rule, call by call on whole calls: width from the first nonzero call, whole bins appended,
+    groups of need // 8192 bins merged past 16384 bins, the top value clipped into the last bin."""
+    w, hist = None, None
+    for call in calls:
+        a = np.abs(np.asarray(call, np.float32)).ravel()
+        top = np.float32(a.max())
+        if w is None:
+            if top == 0:
+                continue
+            w, hist = np.float32(top / np.float32(1024)), np.zeros(1024, np.int64)
+        need = int(np.ceil(top / w))
+        if need > 16384:
+            f = need // 8192
+            hist = np.add.reduceat(hist, np.arange(0, hist.size, f))
+            w = np.float32(w * np.float32(f))
+            need = int(np.ceil(top / w))
+        if need > hist.size:
+            hist = np.concatenate([hist, np.zeros(need - hist.size, np.int64)])
+        hist += np.bincount(np.minimum((a / w).astype(np.int64), hist.size - 1), minlength=hist.size)
+    return hist, w
+
+
+def test_kl_width_is_the_first_calls_max_over_1024():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    s = collect([x])
+    w = np.float32(np.abs(x).max()) / np.float32(KL_NUM_BIN)
+    assert s.kl_width == float(w) and s.kl_hist.size == KL_NUM_BIN
+    np.testing.assert_array_equal(s.kl_hist, np.bincount(np.minimum((np.abs(x) / w).astype(np.int64).ravel(), 1023),
+                                                         minlength=1024))
+    assert s.kl_hist[-1] >= 1 and s.kl_hist.sum() == x.size       # the max itself lands in the last bin
+
+
+def test_kl_histogram_grows_by_whole_bins_of_the_first_width():
+    rng = np.random.default_rng(12)
+    calls = [rng.standard_normal((1, 500)) * k for k in (1.0, 0.5, 2.44, 1.7)]
+    s = collect(calls)
+    hist, w = kl_reference(calls)
+    assert s.kl_width == float(w) == float(np.float32(np.abs(calls[0]).max().astype(np.float32) / np.float32(1024)))
+    np.testing.assert_array_equal(s.kl_hist, hist)
+    assert s.kl_hist.size == int(np.ceil(np.float32(np.abs(calls[2]).max()) / w)) > 2400
+
+
+def test_kl_histogram_depends_on_the_order_of_the_calls():
+    """Unlike the power-of-two histogram: the first call sets the resolution."""
+    rng = np.random.default_rng(13)
+    small, large = rng.standard_normal((1, 2000)), rng.standard_normal((1, 2000)) * 3.0
+    a, b = collect([small, large]), collect([large, small])
+    assert np.array_equal(a.hist, b.hist)                          # order-free
+    assert a.kl_width != b.kl_width and a.kl_hist.size > 2 * b.kl_hist.size == 2 * 1024
+    for s, calls in ((a, [small, large]), (b, [large, small])):
+        np.testing.assert_array_equal(s.kl_hist, kl_reference(calls)[0])
+
+
+def test_a_call_of_several_arrays_is_one_call():
+    """hb_mapper calls its kernel with 8 samples at once: the width is the max over all 8."""
+    rng = np.random.default_rng(14)
+    samples = [rng.standard_normal((1, 4, 6, 6)) * (1 + k) for k in range(8)] + [rng.standard_normal((1, 4, 6, 6)) * 20]
+    one_call = np.concatenate(samples[:8])
+    want = kl_reference([one_call, samples[8]])
+    for first in (None, float(np.abs(one_call).max())):   # held until the call ends, or the max given up front
+        c = StatsCollector(kl_first_max=first)
+        for k, x in enumerate(samples):
+            c.update(x, call_end=k >= 7)
+        s = c.result()
+        assert s.kl_width == float(want[1])
+        np.testing.assert_array_equal(s.kl_hist, want[0])
+    per_sample = collect(samples)                        # nine calls: a different (finer) histogram
+    assert per_sample.kl_width < s.kl_width
+
+
+def test_kl_top_value_is_clipped_only_when_it_is_its_calls_max():
+    c = StatsCollector()
+    c.update(np.array([1.0, 0.25]))                        # w = 1/1024
+    c.update(np.array([2.0, 0.5]))                         # 2.0 / w = 2048 exactly: into bin 2047
+    s = c.result()
+    assert s.kl_hist.size == 2048 and s.kl_hist[2047] == 1
+    c.update(np.array([2.0, 3.0]), call_end=False)         # same call as the next: 2048 bins are too few
+    c.update(np.array([3.5]))
+    s = c.result()
+    assert s.kl_hist.size == 3584 and s.kl_hist[2048] == 1 and s.kl_hist[3583] == 1 and s.kl_hist[2047] == 1
+
+
+def test_kl_histogram_past_max_num_bin_merges_groups_of_bins():
+    """need > 16384: groups of f = need // 8192 bins merge and the width becomes f * w (measured:
+    need 40960 -> f 5, 100000 -> 12, 1e6 -> 122)."""
+    rng = np.random.default_rng(15)
+    first = rng.uniform(0, 1, 3000).astype(np.float32)
+    first[0] = 1.0
+    for need, f in ((16384, 1), (16385, 2), (40960, 5), (100000, 12), (1000000, 122)):
+        second = np.array([(need - 0.5) / 1024, 0.3, 7.0], np.float32)
+        s = collect([first, second])
+        hist, w = kl_reference([first, second])
+        assert s.kl_width == float(w) == f / 1024
+        np.testing.assert_array_equal(s.kl_hist, hist)
+        assert s.kl_hist.sum() == 3003 and s.kl_hist.size <= 16384
+
+
+def test_kl_all_zero_calls_set_nothing_and_zeros_go_to_bin_zero():
+    g = np.random.default_rng(16).standard_normal((1, 1000))
+    s = collect([np.zeros((1, 1000)), g, np.zeros((2, 1000))])
+    ref = collect([g])
+    assert s.kl_width == ref.kl_width
+    assert s.kl_hist[0] == ref.kl_hist[0] + 2000 and np.array_equal(s.kl_hist[1:], ref.kl_hist[1:])
+    zero = collect([np.zeros((3, 4))])
+    assert zero.kl_hist is None and zero.kl_width == 0.0

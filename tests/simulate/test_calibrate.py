@@ -233,10 +233,10 @@ def mixp(tmp_path_factory):
 
 def test_mix_takes_per_node_methods(mixp):
     """Two inputs that want different methods: the base is the best per-tensor method (kl, which
-    keeps v's spike and clips u's outlier, if not far enough); u and |u|, whose bulk wants the finer
-    grid of max-percentile, are sensitive under kl and take max-percentile, whose single-node cosine
-    is best. (Measured: base ranking kl 0.9946 > max 0.9570 > max-percentile 0.5447, which clips v's
-    spike; u under kl 0.9948, max-percentile 1.0000.)"""
+    clips u's outlier, and v's spike less than max-percentile does); v and |v|, whose spike carries
+    an output, are sensitive under kl and take max, whose single-node cosine is best. (Measured:
+    base ranking kl 0.9918 > max 0.9570 > max-percentile 0.5476, which clips v's spike to 0.048;
+    v under kl 0.9926, max 0.9999.)"""
     example = mixp
     sim = example.simulator
     cand = Candidate.make(Calibration("mix"))
@@ -253,12 +253,12 @@ def test_mix_takes_per_node_methods(mixp):
         assert values[mix.method_for(tensor)] == max(values.values())
     for _tensor, method in mix.merged:
         assert method != mix.base
-    taken = Calibration("max", max_percentile=0.99995)
-    assert mix.base == Calibration("kl") and dict(mix.merged) == {"u": taken, "au": taken}
+    taken = Calibration("max")
+    assert mix.base == Calibration("kl") and dict(mix.merged) == {"v": taken, "av": taken}
     # per-tensor mixing of the scales: the merged node has its method's threshold, the others the base's
     scales = sim.scales(mix)
     assert isinstance(scales, MixScales)
-    assert scales.threshold("u") == sim.scales(taken).threshold("u") != sim.scales(mix.base).threshold("u")
+    assert scales.threshold("v") == sim.scales(taken).threshold("v") != sim.scales(mix.base).threshold("v")
     other = next(t for t in calibration_nodes(ev.plan) if t not in dict(mix.merged))
     assert scales.threshold(other) == sim.scales(mix.base).threshold(other)
     # sessions are keyed by the mix: a second evaluation builds nothing, the base alone is another model
@@ -280,18 +280,16 @@ def test_eval_shows_the_mix_choice_and_its_merge_info(mixp):
     text = subprocess.run(run, capture_output=True, text=True, timeout=300)
     assert text.returncode == 0, text.stderr
     assert "Merge_Info(cosine-similarity)" in text.stdout
-    merge_line = next(line for line in text.stdout.splitlines() if line.startswith("u "))
+    merge_line = next(line for line in text.stdout.splitlines() if line.startswith("v "))
     assert "(select)" in merge_line
-    assert "calibration mix:base=kl:" in text.stdout and "max-percentile:percentile=0.99995 on 2 node(s)" in text.stdout
+    assert "calibration mix:base=kl:" in text.stdout and "; max on 2 node(s)" in text.stdout
     out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)["calibration"]
     assert data["type"] == "mix"
-    assert sorted(data["merged"], key=lambda m: m["node"]) == [
-        {"node": "au", "method": "max-percentile:percentile=0.99995"},
-        {"node": "u", "method": "max-percentile:percentile=0.99995"}]
+    assert sorted(data["merged"], key=lambda m: m["node"]) == [{"node": "av", "method": "max"}, {"node": "v", "method": "max"}]
     info = {row["node"]: row for row in data["merge_info"]}
-    assert info["u"]["selected"] == info["au"]["selected"] == "max-percentile:percentile=0.99995"
+    assert info["v"]["selected"] == info["av"]["selected"] == "max"
     assert len(data["ranking"]) == 3 and data["base"]["method"] == data["ranking"][0]["method"]
 
 

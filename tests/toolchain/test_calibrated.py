@@ -5,6 +5,7 @@ tiny model; test_calibrated_real.py reads the real toolchain's.
 """
 
 import json
+import math
 
 import numpy as np
 import onnx
@@ -350,23 +351,28 @@ def test_fused_activation_stand_ins_and_unknown_horizon_op(tmp_path):
         runnable_model(parse_calibrated(m, tmp_path / "f.onnx"), fused=False)
 
 
-def running_max_thresholds(model, data, tensors, p):
-    """The running-max reading computed directly (an independent reference for tuner.calib's
-    histogram-based one): the p'-quantile of the element-wise max of |x| over the samples."""
+def kernel_thresholds(model, data, tensors, p):
+    """hmct's max-percentile kernel computed directly (an independent reference for tuner.calib's
+    histogram-based one): the k-th largest |x| over every value of every sample, k = n - ceil(p' n) + 1
+    for n values per sample (docs/hb_rules/calibration.md 2)."""
     from tuner.runtime.session import make_session, run_samples, with_outputs
 
     session = make_session(with_outputs(model.proto, tensors))
     names = [o.name for o in session.get_outputs() if o.name in set(tensors)]
-    running, n = {}, 0
+    pooled: dict[str, list] = {}
     for sample, outs in run_samples(session, names, data, None, with_inputs=True):
         values = dict(zip(names, outs))
         values.update({k: v for k, v in sample.items() if k in set(tensors)})
         for t, v in values.items():
-            a = np.abs(np.asarray(v, np.float32))
-            running[t] = np.maximum(running[t], a) if t in running else a.copy()
-        n += 1
-    q = kernel_percentile(p, n)
-    return {t: float(np.quantile(m.ravel(), q)) for t, m in running.items()}, q, n
+            pooled.setdefault(t, []).append(np.abs(np.asarray(v, np.float32)))
+    n_samples = len(next(iter(pooled.values())))
+    q = kernel_percentile(p, n_samples)
+    out = {}
+    for t, v in pooled.items():
+        n = v[0].size
+        k = n - math.ceil(float(np.float32(q)) * n) + 1
+        out[t] = float(np.sort(np.concatenate([a.ravel() for a in v]))[-k])
+    return out, q, n_samples
 
 
 def pooled_thresholds(model, data, tensors, p):
@@ -398,32 +404,32 @@ def hb_like_graph() -> onnx.ModelProto:
 
 
 def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
-    """Thresholds made with the running-max reading are recognised as such, per tensor and overall."""
+    """Thresholds made with the kernel's rule are recognised as such, per tensor and overall."""
 
     cfg = write_tiny_project(tmp_path / "p")
     cfg.write_text(cfg.read_text().replace("per_channel: False", "per_channel: False\n  max_percentile: 0.999"))
     ws = Workspace.open(cfg)
     plan = ws.simulator.plan(ws.base_candidate())
     tensors = sorted(plan.quantized_tensors())
-    running, q, n = running_max_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
+    kernel, q, n = kernel_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
     assert q == pytest.approx(kernel_percentile(0.999, 8)) and q == pytest.approx(0.992) and n == 8
     path = tmp_path / "pct_calibrated_model.onnx"
     hb_graph = hb_like_graph()
-    onnx.save(calibrate(hb_graph, {t: {"thresholds": [running[t]]} for t in tensors}), str(path))
+    onnx.save(calibrate(hb_graph, {t: {"thresholds": [kernel[t]]} for t in tensors}), str(path))
     report = build_report(ws, read_calibrated(path), run_pc=False)
     p = report.percentile
     assert p is not None and p.kernel_percentile == pytest.approx(0.992)
-    assert p.verdict == "running_max" and p.running_max_wins > p.pooled_wins
+    assert p.verdict == "kernel" and p.kernel_wins > p.pooled_wins
     # the table's max-percentile method is the one tuner simulates (tuner's own threshold for this YAML)
     for r in report.rows:
         assert r.methods["max-percentile 0.999"] == pytest.approx(r.tuner, rel=1e-9), r.tensor
     assert main(["import-calibrated", str(path), str(cfg)]) == 0
-    assert "the thresholds support the running-max p'-quantile" in capsys.readouterr().out
+    assert "the thresholds support the kernel's k-th largest" in capsys.readouterr().out
     # thresholds made with the other reading are recognised as that one
     pooled = pooled_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
     onnx.save(calibrate(hb_graph, {t: {"thresholds": [pooled[t]]} for t in tensors}), str(path))
     p = build_report(ws, read_calibrated(path), run_pc=False).percentile
-    assert p is not None and p.verdict == "pooled" and p.pooled_wins > p.running_max_wins
+    assert p is not None and p.verdict == "pooled" and p.pooled_wins > p.kernel_wins
     assert main(["import-calibrated", str(path), str(cfg), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["percentile"]["verdict"] == "pooled"
 

@@ -11,22 +11,22 @@ import math
 
 import numpy as np
 
-from tuner.calib.stats import TensorStats
+from tuner.calib.stats import KL_NUM_BIN, TensorStats
 
 METHODS = ("max", "percentile", "max-percentile", "kl", "mse")
 
-#: hb_mapper's kl parameters (``kl:num_bin=1024,max_num_bin=16384``, hb_quantizer_facts 1.4, src
-#: 24739346373 / 24921638862): the |x| histogram has num_bin bins and candidate cut points from 128
-#: bins (the int8 half-range; num_bin is raised to at least 129) upward [inferred: the search itself
-#: is C++]. tuner's exact histogram is merged to bins of hist_max / KL_BINS, hist_max being the power
-#: of two above abs-max, so 513..1024 bins hold the data. Cut points from 128 bins up, with a stride
-#: that keeps at most KL_MAX_CANDIDATES of them (every 4th bin at most: 0.4% of the range; every cut
-#: point made the first kl trial on PP-OCRv4's detector 1.6x dearer, 0.37 s vs 0.23 s of thresholds).
-KL_BINS = 1024
-KL_MAX_NUM_BIN = 16384
-KL_MAX_CANDIDATES = 256
-KL_EPS = 1e-4  # smoothing constant of the TensorRT/MXNet/onnxruntime implementations
-KL_TAYLOR_MAX_E = 1e-2  # above this smoothing shift, _kl_divergences sums exactly instead of by series
+#: hmct's kl search, measured with its kernel (docs/hb_rules/calibration.md 1b: bit-equal thresholds
+#: on 198 of 205 tensors of the example and PP-OCRv4's detector, 121 of 126 synthetic probes): 128
+#: target levels; each candidate's divergence is averaged with its 4 neighbours on either side;
+#: a bin holding mass that Q lacks costs p * log(p / KL_EMPTY_EPS) (any eps in 1e-12..1e-8 fits the
+#: probes, 1e-30 and 1e-6 do not).
+KL_LEVELS = 128
+KL_HALF_WINDOW = 4
+KL_EMPTY_EPS = 1e-10
+#: A histogram whose only nonzero bin (bin 0 aside) is its last: every candidate has the same
+#: divergence and the kernel's rounding picks bin 1015 of 1024 (a 0/1 mask: threshold 0.9917 x max,
+#: measured on the example's mask tensors and probes); other lengths pick rounding-dependent bins.
+KL_LONE_TOP_BIN = {1024: 1015}
 MSE_CANDIDATES = 200
 
 
@@ -38,14 +38,11 @@ def threshold(stats: TensorStats, method: str, *, percentile: float | None = Non
     every method.
 
     * ``percentile``: the p-quantile of |x| pooled over every value of every sample.
-    * ``max-percentile``: hb_mapper's reading (hb_quantizer_facts 1.3, src 24654149289): its kernel
-      receives ``p' = max(0.5, 1 - (1 - p) * N)`` for N calibration samples, which is the first-order
-      correction for taking the p'-quantile of the element-wise running max of |x| over the samples
-      (one value per tensor position); that quantile approximates the pooled p-quantile. The
-      kernel is C++, so this reading is **inferred** (the note argues for it: the pooled reading
-      of p' would clip 10-50 % of values at the documented sweep values); ``tuner import-calibrated``
-      checks it against a real calibrated model. Statistics without the running max fall back to
-      ``percentile``.
+    * ``max-percentile``: hb_mapper's kernel (:func:`_max_percentile`).
+    * ``kl``: hb_mapper's kernel on its own histogram (:func:`kl_bin`); the same threshold for an
+      int16 node (measured: a toy with an int16 Conv input under kl, and set_all_nodes_int16, keeps
+      the kl thresholds, 12.294 and 8.816 where max is 12.496 and 11.949; hmct's kernel ignores the
+      node's qtype), so ``qmax`` does not change it.
     """
     _check_method(method)
     if qmax < 1:
@@ -62,8 +59,7 @@ def threshold(stats: TensorStats, method: str, *, percentile: float | None = Non
     if method == "max-percentile":
         return _max_percentile(stats, float(percentile))  # type: ignore[arg-type]
     if method == "kl":
-        # KL against 128 levels models int8; int16 has so many levels that clipping never pays.
-        return amax if qmax > 127 else _kl(stats, qmax)
+        return _kl(stats)
     return _mse(stats, qmax)
 
 
@@ -103,14 +99,38 @@ def _check_percentile(p: float | None) -> None:
 
 
 def hb_kernel_percentile(p: float, samples: int) -> float:
-    """What hb_mapper hands its max-percentile kernel for ``max_percentile = p`` and N samples."""
+    """What hb_mapper hands its max-percentile kernel for ``max_percentile = p`` and N samples
+    (``add_calibration_methods`` in hmct/quantizer/calibrater/activation/base.py)."""
     return max(0.5, 1.0 - (1.0 - p) * samples)
 
 
 def _max_percentile(stats: TensorStats, p: float) -> float:
-    if stats.max_hist is None or stats.samples < 1 or p == 1.0:
-        return _percentile(stats, p)
-    return _hist_quantile(stats.max_hist, stats.bin_width, stats.absmax, hb_kernel_percentile(p, stats.samples))
+    """hmct's max-percentile kernel: the k-th largest |x| over every value of every sample, with
+    ``k = n - ceil(p' n) + 1`` for n values per sample and p' = :func:`hb_kernel_percentile` (float32).
+
+    Measured with the kernel on the example's and PP-OCRv4's tensors (their 205 raw thresholds,
+    bit-equal; docs/hb_rules/calibration.md 2): e.g. PP-OCRv4's hardswish_58, n = 327680, N = 8,
+    p' = 0.9996: k = 132, the 132nd largest of the 8 x 327680 values, 26.044 (the running-max reading
+    tuner had gave 19.73; the two agree where the k largest values sit at k distinct positions,
+    as in i.i.d. Gaussian probes). Read off the exact histogram: within one bin (absmax / 8192).
+    Statistics without a sample count fall back to the pooled p-quantile.
+    """
+    if p == 1.0 or stats.samples < 1 or stats.count % stats.samples:
+        return stats.absmax if p == 1.0 else _percentile(stats, p)
+    n = stats.count // stats.samples
+    k = n - math.ceil(float(np.float32(hb_kernel_percentile(p, stats.samples))) * n) + 1
+    return _order_statistic(stats, stats.count - max(k, 1))
+
+
+def _order_statistic(stats: TensorStats, j: int) -> float:
+    """The j-th smallest |x| (0-based) over all values, placed inside its bin of the exact histogram
+    as if the bin's values were evenly spread; the largest is exact."""
+    if j >= stats.count - 1:
+        return stats.absmax
+    cum = np.cumsum(stats.hist)
+    i = int(np.searchsorted(cum, j, side="right"))  # first bin with cum > j
+    before = int(cum[i - 1]) if i else 0
+    return min((i + (j - before + 0.5) / int(stats.hist[i])) * stats.bin_width, stats.absmax)
 
 
 def _percentile(stats: TensorStats, p: float) -> float:
@@ -143,112 +163,106 @@ def _hist_quantile(hist: np.ndarray, w: float, amax: float, p: float) -> float:
     return min(v0 + (r - j) * (v1 - v0), amax)
 
 
-def _kl_divergences(hist: np.ndarray, nq: int, candidates: np.ndarray, eps: float = KL_EPS) -> np.ndarray:
-    """KL(P || Q) for each candidate bin count i (TensorRT entropy calibration); inf where undefined.
+def _xlogx(a: np.ndarray) -> np.ndarray:
+    return np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
 
-    P is hist[:i] with the outlier mass hist[i:] added to its last bin. Q is hist[:i] (without
-    the outliers, so clipping mass is penalised) merged into ``nq`` levels of i // nq bins (the
-    last level takes the remainder), each level's count spread evenly over the bins where P is
-    nonzero; bins where P is zero stay zero. Both are smoothed (``eps`` moved onto each zero bin,
-    taken evenly from the nonzero ones; undefined if a nonzero bin would drop to <= 0, as in
-    MXNet's reference implementation) and normalised.
 
-    All candidates at once, from prefix sums: on P's zero bins both sides are ``eps`` and add
-    nothing; Q is constant over a level's nonzero bins, so its term is a per-level sum; and the
-    sum of (p - e) log(p - e) over P's nonzero bins (e: the smoothing taken from each) is a
-    Taylor series in e over prefix sums of h log h, log h and 1/h^k, exact to ~1e-13 for
-    e <= 0.01 (computed directly above that). ~12x faster than a loop over candidates, same picks.
+def kl_divergences(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(candidates i = 128 .. len(hist) - 1, hmct's divergence of each) for an |x| histogram.
+
+    Candidate i keeps bins [0, i). Bin 0 (|x| < one bin, exact zeros) is dropped first. P is the
+    kept bins with everything beyond added to the last kept bin; Q merges the *unclipped* kept bins
+    into 128 levels of i // 128 bins (the last level takes the rest) and spreads each level's mass
+    evenly over the level's bins where P is nonzero; KL(P/sum P || Q/sum Q), where a bin with P > 0
+    and Q = 0 (only the last kept bin, when its level holds nothing but the clipped mass) adds
+    p * log(p / KL_EMPTY_EPS). Measured (docs/hb_rules/calibration.md 1b); the variants that fit worse
+    on the 205 tensors: Q from the folded P (121 exact), smoothing with eps 1e-4 (34), 127 levels (37).
+
+    All candidates at once: the first 127 levels of candidates with the same i // 128 are the same
+    bins, so their terms P log(P / Q) are computed once per level width, bin by bin (a bin where P
+    equals Q adds exactly 0, so candidates that differ only by such bins tie exactly, as they do in
+    the kernel: a plateau's first window wins); the last level, per candidate, from prefix sums.
+    ~0.2 ms for 1024 bins (the head grows as len(hist)^2 / 256 terms: ~20 ms at 16384 bins).
     """
-    h = np.asarray(hist, dtype=np.float64)
-    i = np.asarray(candidates, dtype=np.int64)
-    out = np.full(i.size, np.inf)
+    h = np.asarray(hist, dtype=np.float64).copy()
+    h[0] = 0.0
+    n, nq = h.size, KL_LEVELS
+    i = np.arange(nq, n)
     if i.size == 0:
-        return out
-    nzh = h != 0
+        return i, np.zeros(0)
+    nz = h != 0
     C = np.concatenate(([0.0], np.cumsum(h)))               # prefix mass (exact: integer counts)
-    Z = np.concatenate(([0], np.cumsum(nzh)))               # prefix count of nonzero bins
+    Z = np.concatenate(([0], np.cumsum(nz)))                # prefix count of nonzero bins
+    G = np.concatenate(([0.0], np.cumsum(_xlogx(h))))       # prefix sum of h log h
     total = C[-1]
-    tail = total - C                                        # tail[i] == h[i:].sum()
-    hv = np.where(nzh, h, 1.0)
-    log_h = np.log(hv)
-
-    def prefix(a: np.ndarray) -> np.ndarray:                # sums over nonzero bins of h[:j]
-        return np.concatenate(([0.0], np.cumsum(np.where(nzh, a, 0.0))))
-
-    g0, g1 = prefix(h * log_h), prefix(log_h + 1.0)
-    r1, r2, r3, r4 = (prefix(hv ** -k) for k in (1, 2, 3, 4))
-    min_h = np.concatenate(([np.inf], np.minimum.accumulate(np.where(nzh, h, np.inf))))  # min nonzero h[:j]
-
-    # Per candidate (rows) and level (columns): its bins are [start, stop).
-    width = i // nq
-    start = np.arange(nq)[None, :] * width[:, None]
-    stop = start + width[:, None]
-    stop[:, -1] = i
-    level = C[stop] - C[start]                              # Q's mass per level (no outliers)
-    nnz = Z[stop] - Z[start]                                # P's nonzero bins per level
-    last = h[i - 1] + tail[i]                               # P's last bin takes the outliers
-    nnz[:, -1] += (last != 0).astype(np.int64) - nzh[i - 1]
-    p_mass = level.copy()
-    p_mass[:, -1] += tail[i]
-    q_value = np.where(nnz > 0, level / np.maximum(nnz, 1), 0.0)  # Q on each of the level's nonzero bins
-    q_pos = q_value > 0
-    nnz_p = nnz.sum(axis=1)
-    nnz_q = np.where(q_pos, nnz, 0).sum(axis=1)
-    ok = (nnz_p > 0) & (nnz_q > 0)
-    e_p = np.where(ok, eps * (i - nnz_p) / np.maximum(nnz_p, 1), 0.0)  # what smoothing takes per nonzero bin
-    e_q = np.where(ok, eps * (i - nnz_q) / np.maximum(nnz_q, 1), 0.0)
-    min_p = np.minimum(min_h[i - 1], np.where(last != 0, last, np.inf))
-    ok &= (min_p - e_p > 0) & (np.where(q_pos, q_value, np.inf).min(axis=1) - e_q > 0)  # smoothing defined
-
-    # sum of ps * log qs over P's nonzero bins, level by level (qs = eps where Q is 0)
-    a = p_mass - e_p[:, None] * nnz
-    log_q = np.log(np.where(q_pos, q_value - e_q[:, None], 1.0), where=q_pos, out=np.zeros_like(q_value))
-    cross = (a * log_q).sum(axis=1) + np.where(q_pos, 0.0, a).sum(axis=1) * math.log(eps)
-    # sum of ps * log ps over P's nonzero bins: below the last by series in e_p, then the last
-    j, e = i - 1, e_p
-    s = g0[j] - e * g1[j] + e**2 / 2 * r1[j] + e**3 / 6 * r2[j] + e**4 / 12 * r3[j] + e**5 / 20 * r4[j]
-    for c in np.flatnonzero(ok & (e > KL_TAYLOR_MAX_E)):    # the series would converge slowly: sum exactly
-        x = h[: j[c]][nzh[: j[c]]] - e[c]
-        s[c] = float(x @ np.log(x))
-    x_last = np.where(last != 0, last - e, 1.0)
-    s += np.where(last != 0, x_last * np.log(np.where(x_last > 0, x_last, 1.0)), 0.0)
-    # KL of the normalised distributions: sum(ps log(ps/qs)) / P + log(Q / P), as sum(ps) = P, sum(qs) = Q
-    with np.errstate(divide="ignore"):
-        kl = (s - cross) / total + np.log(C[i] / total)
-    out[ok] = kl[ok]
-    return out
+    if total == 0:
+        return i, np.zeros(i.size)
+    per = i // nq
+    head = np.zeros(int(per[-1]) + 1)                       # sum of P log(P / Q) over levels 0..126, per width
+    for w in range(1, head.size):
+        b = np.arange((nq - 1) * w)
+        lo = (b // w) * w
+        mass, used = C[lo + w] - C[lo], Z[lo + w] - Z[lo]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            head[w] = np.where(nz[b], h[b] * np.log(h[b] * used / np.where(mass > 0, mass, 1.0)), 0.0).sum()
+    start = (nq - 1) * per                                  # the last level: bins [start, i)
+    kept = C[i]
+    tail = total - kept                                     # clipped into bin i - 1
+    last = h[i - 1] + tail                                  # P's last bin
+    q_mass = kept - C[start]                                # Q's last level (unclipped)
+    q_bins = (Z[i - 1] - Z[start]) + (last > 0)             # P's nonzero bins in the last level
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q_mass1 = np.where(q_mass > 0, q_mass, 1.0)
+        inner = (G[i - 1] - G[start]) - (C[i - 1] - C[start]) * np.log(q_mass1 / q_bins)
+        own = last * np.log(np.where(last > 0, last * q_bins / q_mass1, 1.0))
+        full = (head[per] + inner + own) / total + np.log(kept / total)
+        # Q's last level empty: P's last bin alone has no Q; the rest is KL over the other bins
+        p_tail = tail / total
+        empty = (head[per] / total + _xlogx(kept / total)
+                 + p_tail * np.log(np.where(p_tail > 0, p_tail, 1.0) / KL_EMPTY_EPS))
+    return i, np.where(q_mass > 0, full, empty)
 
 
-def kl_layout(stats: TensorStats, qmax: int = 127) -> tuple[np.ndarray, float, np.ndarray]:
-    """The histogram KL works on: (counts, bin width, candidate bin counts).
+def kl_bin(hist: np.ndarray) -> int:
+    """The bin k of hmct's kl threshold ``(k + 0.5) * width`` for its |x| histogram.
 
-    hb_mapper's num_bin = 1024 bins, read as bins of ``hist_max / 1024`` over the exact power-of-two
-    histogram (merged by 16, exact) trimmed to the bins that hold data: 513..1024 bins spanning
-    ~absmax. Candidates are bin counts from 128 (= qmax + 1 levels, so KL can clip down to about
-    an eighth of the range) to the full range, at most ``KL_MAX_CANDIDATES`` of them.
+    Each candidate's divergence is averaged over the candidates within 4 of it (fewer at the
+    start: 128 averages 128..132), and the candidate with the smallest average is k, among those at
+    least 4 candidates before the last (so k <= len - 5: a uniform histogram of 1024 bins gives
+    1019). The same picks as a loop over candidates on every measured histogram; exact ties go to
+    the first (sums in a fixed order, so equal windows are bit-equal, as on the kernel's plateaus).
     """
-    merge = max(1, stats.hist.size // KL_BINS)
-    used = int(np.flatnonzero(stats.hist)[-1]) + 1
-    used = -(-used // merge) * merge
-    h = stats.hist[:used].reshape(-1, merge).sum(axis=1)
-    nq = qmax + 1
-    start = min(nq, h.size)
-    step = max(1, -(-(h.size - start) // KL_MAX_CANDIDATES))
-    candidates = np.arange(h.size, start - 1, -step)[::-1]  # always includes the full range
-    return h, stats.bin_width * merge, candidates
+    h = np.asarray(hist)
+    i, d = kl_divergences(h)
+    m, half = d.size, KL_HALF_WINDOW
+    if m <= half:
+        return h.size - 1
+    nonzero = np.flatnonzero(h[1:])
+    if nonzero.size == 1 and nonzero[0] == h.size - 2 and h.size in KL_LONE_TOP_BIN:
+        return KL_LONE_TOP_BIN[h.size]
+    padded = np.concatenate((np.zeros(half), d, np.zeros(half)))
+    sums = np.zeros(m)
+    for o in range(2 * half + 1):
+        sums = sums + padded[o : o + m]
+    j = np.arange(m)
+    counts = np.minimum(j, half) + 1 + np.minimum(m - 1 - j, half)
+    return int(i[int(np.argmin((sums / counts)[: m - half]))])
 
 
-def _kl(stats: TensorStats, qmax: int) -> float:
-    """Threshold minimising KL divergence between the |x| histogram and its quantized version."""
-    nq = qmax + 1
-    h, width, candidates = kl_layout(stats, qmax)
-    if nq > h.size or len(candidates) == 0:
-        return stats.absmax
-    div = _kl_divergences(h, nq, candidates)
-    if not np.isfinite(div).any():
-        return stats.absmax
-    i = int(candidates[int(np.argmin(div))])
-    return min(i * width, stats.absmax)  # upper edge of bin i - 1
+def _kl(stats: TensorStats) -> float:
+    """hmct's kl threshold: ``(k + 0.5) * width`` in float32 on its own histogram (``stats.kl_hist``).
+
+    Statistics without it (made by hand) get one from the exact histogram, each fine bin's count
+    put in the kl bin of its centre, with the width of one call holding all the data."""
+    if stats.kl_hist is not None and stats.kl_width > 0:
+        hist, width = stats.kl_hist, np.float32(stats.kl_width)
+    else:
+        width = np.float32(np.float32(stats.absmax) / np.float32(KL_NUM_BIN))
+        centres = ((np.flatnonzero(stats.hist) + 0.5) * stats.bin_width / float(width)).astype(np.int64)
+        hist = np.bincount(np.minimum(centres, KL_NUM_BIN - 1), weights=stats.hist[stats.hist > 0],
+                           minlength=KL_NUM_BIN)
+    k = kl_bin(hist)
+    return min(float((np.float32(k) + np.float32(0.5)) * width), stats.absmax)
 
 
 def _mse(stats: TensorStats, qmax: int) -> float:

@@ -3,10 +3,21 @@
 Every calibration method (see ``methods.py``) is a cheap function of these statistics, so trying
 another method or percentile never needs another pass over the data.
 
-The |x| histogram is kept *exactly*: its range is always a power of two and grows by doubling,
-merging adjacent bin pairs. Bin edges stay aligned under doubling, so the final histogram equals
-the one obtained by binning all the data at once over the final range, whatever the order and
-size of the batches.
+Two |x| histograms are kept, both exact:
+
+* ``hist``: its range is always a power of two and grows by doubling, merging adjacent bin pairs.
+  Bin edges stay aligned under doubling, so the final histogram equals the one obtained by binning
+  all the data at once over the final range, whatever the order and size of the batches. The
+  percentile, max-percentile and mse methods read it.
+* ``kl_hist``: hmct's own kl histogram, which is *not* order-free (docs/hb_rules/calibration.md 1a,
+  measured with hmct's kernel on 205 tensors of the example and PP-OCRv4 and on synthetic probes:
+  bit-equal thresholds). Its bin width is fixed by the first kernel call that holds a nonzero
+  value: ``w = max|x| of that call / 1024`` (float32); a later call with a larger max appends whole
+  bins of that width (``ceil(max / w)`` bins, the call's top value clipped into the last one); when
+  a call would need more than 16384 bins (``max_num_bin``), groups of ``f = need // 8192`` bins are
+  merged first and the width becomes ``f * w``. A kernel call is one calibration batch (hmct calls
+  it with 8 samples at a time when the model allows it, else 1: ``tuner.calib.collect``), so the
+  collector is told where calls end (``update(x, call_end=...)``).
 """
 
 from __future__ import annotations
@@ -22,13 +33,19 @@ from tuner.files import atomic_file
 
 NBINS = 16384
 
+#: hmct's kl histogram (``kl:num_bin=1024,max_num_bin=16384``, the only kl setting hb_mapper's YAML
+#: reaches): bins of the first call's max / KL_NUM_BIN, merged when a call needs more than
+#: KL_MAX_NUM_BIN bins (measured: docs/hb_rules/calibration.md 1a).
+KL_NUM_BIN = 1024
+KL_MAX_NUM_BIN = 16384
+
 # Bin widths below 2**-1022 would be subnormal and 1/width would overflow; data that tiny gets a
 # slightly wider range than "smallest power of two above abs-max" (exactness is unaffected).
 _MIN_EXP_OFFSET = -1022
 # 2**1024 is not a float: abs-max must stay below 2**1023 (float32/float16 data always does).
 _MAX_EXP = 1023
 
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: field-wise == on ndarrays would be ambiguous
@@ -45,11 +62,11 @@ class TensorStats:
     channel_absmax: np.ndarray | None  # float64 [C], abs-max per channel (axis 1); None if rank < 2
     hist: np.ndarray  # int64 [nbins], histogram of |x| over [0, hist_max), equal-width bins
     hist_max: float  # upper edge of the histogram, a power of two (0.0 while every value was 0)
-    # hb_mapper's max-percentile reading (tuner.calib.methods): the element-wise running max of |x|
-    # over the samples (one value per position of a sample), as a histogram on the same bins as
-    # ``hist``; and the number of samples (batch entries) seen. None / 0 for statistics without it.
-    max_hist: np.ndarray | None = None
-    samples: int = 0
+    samples: int = 0  # batch entries seen (hb_mapper's N for max-percentile); 0 for statistics without it
+    # hmct's kl histogram of |x| (see the module docstring): int64 counts, bin 0 included, and its bin
+    # width (a float32 value). None / 0.0 for statistics without it or an all-zero tensor.
+    kl_hist: np.ndarray | None = None
+    kl_width: float = 0.0
 
     @property
     def absmax(self) -> float:
@@ -63,9 +80,14 @@ class TensorStats:
 
 
 class StatsCollector:
-    """Accumulates TensorStats of one tensor over a stream of arrays."""
+    """Accumulates TensorStats of one tensor over a stream of arrays.
 
-    def __init__(self, nbins: int = NBINS) -> None:
+    ``kl_first_max``: the max |x| of the first kernel call (calibration batch), when the caller
+    knows it before the call's arrays arrive one by one (``tuner.calib.collect`` reads it in a short
+    pass over the first batch). Without it, the first call's values are held until the call ends.
+    """
+
+    def __init__(self, nbins: int = NBINS, kl_first_max: float | None = None) -> None:
         if nbins < 2 or nbins & (nbins - 1):
             raise ValueError(f"nbins must be a power of two >= 2, got {nbins}")
         self._nbins = nbins
@@ -79,13 +101,14 @@ class StatsCollector:
         self._hist = np.zeros(nbins, dtype=np.int64)
         self._exp: int | None = None  # hist_max == 2**_exp once a nonzero value has been seen
         self._pending_zeros = 0  # exact zeros seen before the range existed
-        self._running_max: np.ndarray | None = None  # |x| max per position over the samples (float32)
         self._samples = 0
-        self._running_ok = True
+        self._kl = _KLHistogram(kl_first_max)
 
-    def update(self, x: np.ndarray) -> None:
+    def update(self, x: np.ndarray, call_end: bool = True) -> None:
         """Add one batch (batch axis first, channel axis 1; any float dtype).
 
+        ``call_end``: this array ends a kernel call of hmct's (the default: every array is a call of
+        its own); a call made of several arrays is passed with ``call_end=False`` on all but the last.
         Raises ValueError on NaN/Inf or a channel count different from earlier batches; the
         collector is left unchanged in that case.
         """
@@ -93,6 +116,8 @@ class StatsCollector:
         if x.ndim == 0:
             x = x.reshape(1)  # ufuncs on 0-d arrays return scalars, not arrays
         if x.size == 0:
+            if call_end:
+                self._kl.end_call()
             return
         if not np.issubdtype(x.dtype, np.floating):
             x = x.astype(np.float64)  # e.g. abs() of int8 -128 would overflow
@@ -121,14 +146,7 @@ class StatsCollector:
 
         # Validation done: from here on, mutate.
         a = np.abs(x)
-        if self._running_ok:
-            m = (a.max(axis=0) if x.ndim >= 2 else a).astype(np.float32, copy=False)
-            if self._running_max is None:
-                self._running_max = np.array(m, dtype=np.float32)
-            elif self._running_max.shape == m.shape:
-                np.maximum(self._running_max, m, out=self._running_max)
-            else:   # samples of different shapes have no positions in common: no running max
-                self._running_ok, self._running_max = False, None
+        self._kl.add(a, call_end, amax)
         self._samples += x.shape[0] if x.ndim >= 2 else 1
         if layout:
             ch = a.reshape(x.shape[0], layout, -1).max(axis=(0, 2)).astype(np.float64)
@@ -173,7 +191,10 @@ class StatsCollector:
         self._exp = exp
 
     def result(self) -> TensorStats:
-        """Snapshot of the statistics so far (an empty stream gives count 0 and min == max == 0)."""
+        """Snapshot of the statistics so far (an empty stream gives count 0 and min == max == 0).
+
+        A kernel call still open (last update with ``call_end=False``) is ended first."""
+        self._kl.end_call()
         hist = self._hist.copy()
         hist[0] += self._pending_zeros
         hist.setflags(write=False)
@@ -182,17 +203,10 @@ class StatsCollector:
             ch = self._channel_absmax.copy()
             ch.setflags(write=False)
         empty = self._count == 0
-        max_hist: np.ndarray | None = None
-        if self._running_max is not None:
-            max_hist = np.zeros(self._nbins, dtype=np.int64)
-            if self._exp is None:
-                max_hist[0] = self._running_max.size
-            else:
-                scale = math.ldexp(float(self._nbins), -self._exp)
-                idx = np.minimum(np.multiply(self._running_max, scale, dtype=np.float64).astype(np.intp).ravel(),
-                                 self._nbins - 1)
-                max_hist += np.bincount(idx, minlength=self._nbins)
-            max_hist.setflags(write=False)
+        kl_hist = None
+        if self._kl.hist is not None:
+            kl_hist = self._kl.hist.copy()
+            kl_hist.setflags(write=False)
         return TensorStats(
             count=self._count,
             min=0.0 if empty else self._min,
@@ -200,9 +214,99 @@ class StatsCollector:
             channel_absmax=ch,
             hist=hist,
             hist_max=0.0 if self._exp is None else math.ldexp(1.0, self._exp),
-            max_hist=max_hist,
             samples=self._samples,
+            kl_hist=kl_hist,
+            kl_width=0.0 if self._kl.width is None else float(self._kl.width),
         )
+
+
+class _KLHistogram:
+    """hmct's kl histogram of |x|, fed call by call (rule: the module docstring).
+
+    Within a call, arrays are binned as they come with the current width into bins that may run
+    past the histogram's end; at the call's end the histogram takes its real length,
+    ``max(length before the call, ceil(call max / w))``, so that only the call's top value can be
+    clipped (when ``call max / w`` is an integer), as in the kernel, which sees the call at once.
+    A call that needs more than KL_MAX_NUM_BIN bins keeps its values aside until it ends, when the
+    merge factor (from the call's max) is known; so does the first call when its max is not given.
+    Arithmetic in float32, as the kernel's thresholds show (a width of max / 1024, exact).
+    """
+
+    def __init__(self, first_max: float | None = None) -> None:
+        self.width: np.float32 | None = None
+        self.hist: np.ndarray | None = None   # int64; bin 0 holds |x| < w (exact zeros included)
+        self._given = None if first_max is None or not first_max > 0 else np.float32(first_max)
+        self._call_max = np.float32(0.0)
+        self._length = 0                      # the histogram's real length before this call
+        self._held: list[np.ndarray] = []      # |x| (float32, nonzero) waiting for the call's end
+        self._held_zeros = 0
+
+    def add(self, a: np.ndarray, call_end: bool, amax: float) -> None:
+        """``a``: |x| of one array; ``amax``: its max (the caller has it)."""
+        a = np.asarray(a, dtype=np.float32).ravel()
+        top = np.float32(amax)
+        self._call_max = max(self._call_max, top)
+        if self.width is None and self._given is not None and top > 0:
+            self._start(self._given)
+        if self.width is None or self._held or (top > 0 and self._needed(top) > KL_MAX_NUM_BIN):
+            nz = a[a > 0]
+            if nz.size:
+                self._held.append(nz)
+            self._held_zeros += a.size - nz.size
+        else:
+            self._bin(a, top)
+        if call_end:
+            self.end_call()
+
+    def end_call(self) -> None:
+        top = self._call_max
+        if self.width is None:
+            if top == 0:                      # an all-zero call sets nothing (measured)
+                self._held, self._held_zeros = [], 0
+                return
+            self._start(top)
+        assert self.width is not None and self.hist is not None
+        need = self._needed(top) if top > 0 else 0
+        if need > KL_MAX_NUM_BIN:
+            f = need // (KL_MAX_NUM_BIN // 2)
+            self.hist = np.add.reduceat(self.hist, np.arange(0, self.hist.size, f))   # groups of f bins
+            self._length = -(-self._length // f)
+            self.width = np.float32(self.width * np.float32(f))
+            need = self._needed(top)
+        held, self._held = self._held, []
+        for a in held:
+            self._bin(a, np.float32(a.max()))
+        if self._held_zeros:
+            self.hist[0] += self._held_zeros
+            self._held_zeros = 0
+        length = max(self._length, need)
+        if self.hist.size > length:           # only the call's top value can sit past the end
+            self.hist[length - 1] += int(self.hist[length:].sum())
+            self.hist = self.hist[:length]
+        elif self.hist.size < length:
+            self.hist = np.concatenate((self.hist, np.zeros(length - self.hist.size, np.int64)))
+        self._length = length
+        self._call_max = np.float32(0.0)
+
+    def _start(self, first_max: np.float32) -> None:
+        self.width = np.float32(first_max / np.float32(KL_NUM_BIN))
+        self.hist = np.zeros(KL_NUM_BIN, np.int64)
+        self._length = KL_NUM_BIN
+
+    def _needed(self, top: np.float32) -> int:
+        assert self.width is not None
+        return int(np.ceil(np.float32(top) / self.width))
+
+    def _bin(self, a: np.ndarray, top: np.float32) -> None:
+        """Bin ``a`` (float32, max ``top``) with the current width, growing the bins to hold it."""
+        assert self.width is not None and self.hist is not None
+        if a.size == 0:
+            return
+        size = int(top / self.width) + 1                 # the same float32 division as every value's
+        if size > self.hist.size:
+            self.hist = np.concatenate((self.hist, np.zeros(size - self.hist.size, np.int64)))
+        idx = (a / self.width).astype(np.intp)           # float32 division, truncation == floor
+        self.hist += np.bincount(idx, minlength=self.hist.size)
 
 
 def _describe(layout: int) -> str:
@@ -230,6 +334,7 @@ def save_stats(path: str | os.PathLike, stats: dict[str, TensorStats], meta: dic
         "max": np.array([s.max for s in stats.values()], dtype=np.float64),
         "hist_max": np.array([s.hist_max for s in stats.values()], dtype=np.float64),
         "samples": np.array([s.samples for s in stats.values()], dtype=np.int64),
+        "kl_width": np.array([s.kl_width for s in stats.values()], dtype=np.float64),
         "meta_keys": np.array(list(meta), dtype=np.str_),
         "meta_values": np.array(list(meta.values()), dtype=np.str_),
     }
@@ -237,8 +342,8 @@ def save_stats(path: str | os.PathLike, stats: dict[str, TensorStats], meta: dic
         arrays[f"hist_{i}"] = np.asarray(s.hist, dtype=np.int64)
         if s.channel_absmax is not None:
             arrays[f"channel_absmax_{i}"] = np.asarray(s.channel_absmax, dtype=np.float64)
-        if s.max_hist is not None:
-            arrays[f"max_hist_{i}"] = np.asarray(s.max_hist, dtype=np.int64)
+        if s.kl_hist is not None:
+            arrays[f"kl_hist_{i}"] = np.asarray(s.kl_hist, dtype=np.int64)
 
     with atomic_file(path, binary=True, fsync=True) as f:
         np.savez_compressed(f, allow_pickle=False, **arrays)  # histograms are mostly zeros: compresses well
@@ -251,6 +356,7 @@ def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[st
             raise ValueError(f"{path}: not a tuner stats file of format version {_FORMAT_VERSION}")
         names = [str(n) for n in z["names"]]
         count, mn, mx, hist_max, samples = z["count"], z["min"], z["max"], z["hist_max"], z["samples"]
+        kl_width = z["kl_width"]
         stats: dict[str, TensorStats] = {}
         for i, name in enumerate(names):
             hist = z[f"hist_{i}"].astype(np.int64, copy=False)
@@ -260,10 +366,10 @@ def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[st
             if key in z.files:
                 ch = z[key].astype(np.float64, copy=False)
                 ch.setflags(write=False)
-            mh = None
-            if f"max_hist_{i}" in z.files:
-                mh = z[f"max_hist_{i}"].astype(np.int64, copy=False)
-                mh.setflags(write=False)
+            kh = None
+            if f"kl_hist_{i}" in z.files:
+                kh = z[f"kl_hist_{i}"].astype(np.int64, copy=False)
+                kh.setflags(write=False)
             stats[name] = TensorStats(
                 count=int(count[i]),
                 min=float(mn[i]),
@@ -271,8 +377,9 @@ def load_stats(path: str | os.PathLike) -> tuple[dict[str, TensorStats], dict[st
                 channel_absmax=ch,
                 hist=hist,
                 hist_max=float(hist_max[i]),
-                max_hist=mh,
                 samples=int(samples[i]),
+                kl_hist=kh,
+                kl_width=float(kl_width[i]),
             )
         meta = {str(k): str(v) for k, v in zip(z["meta_keys"], z["meta_values"])}
     return stats, meta

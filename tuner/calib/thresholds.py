@@ -1,7 +1,7 @@
 """Thresholds memoised per (tensor, method, percentile, qmax), in memory and on disk.
 
-kl costs ~1 ms a tensor (hundreds of tensors in a real model), so every process computing
-it again for the same statistics would waste a second or so per calibration setting. The memo is a
+kl costs ~0.5 ms a tensor (hundreds of tensors in a real model), so every process computing
+it again for the same statistics would waste a tenth of a second or more per calibration setting. The memo is a
 small JSON file next to the cached statistics: later runs and parallel workers reuse it.
 """
 

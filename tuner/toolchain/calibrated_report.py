@@ -6,8 +6,9 @@ For one YAML and the ``*_calibrated_model.onnx`` hb_mapper made from it:
   which of tuner's methods (max, max-percentile, kl) comes closest;
 * where hb_mapper's quantization plan differs from tuner's for the same YAML (a tensor one side
   quantizes and the other does not, or another dtype): each is a rule tuner has wrong;
-* for a ``max_percentile`` calibration, which reading of hb_quantizer_facts 1.3 the thresholds
-  support (pooled p-quantile of |x|; or the p'-quantile of the element-wise running max, tuner's);
+* for a ``max_percentile`` calibration, which reading the thresholds support: the pooled p-quantile
+  of |x|, or hmct's kernel as tuner simulates it (the k-th largest |x| over all samples with
+  k = n - ceil(p' n) + 1, docs/hb_rules/calibration.md 2; close to the pooled one except at the top);
 * the calibrated model itself run in onnxruntime against the float model (tuner.toolchain.calibrated_run).
 
 The report is a typed value with a JSON codec (``as_dict`` / ``from_dict``) and a text form.
@@ -73,8 +74,8 @@ class ReadingRow:
     tensor: str
     real: float
     pooled: float
-    running_max: float
-    better: str                 # pooled | running_max | tie
+    kernel: float
+    better: str                 # pooled | kernel | tie
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,10 @@ class PercentileReading:
     samples: int
     rows: tuple[ReadingRow, ...]
     pooled_wins: int
-    running_max_wins: int
+    kernel_wins: int
     pooled_median_error: float      # median |log(real / reading)|
-    running_max_median_error: float
-    verdict: str                    # pooled | running_max | undecided
+    kernel_median_error: float
+    verdict: str                    # pooled | kernel | undecided
 
     def as_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "rows": [asdict(r) for r in self.rows]}
@@ -162,13 +163,13 @@ class CalibratedReport:
             p = self.percentile
             lines += ["", f"max_percentile {p.percentile!r}: kernel p' = {p.kernel_percentile:.6g} with N = {p.samples} "
                           "sample(s) (hb_quantizer_facts 1.3)",
-                      table(["Tensor", "Threshold real", "pooled p-quantile", "running-max p'-quantile", "closer"],
-                            [[r.tensor, f(r.real), f(r.pooled), f(r.running_max), r.better] for r in p.rows]),
+                      table(["Tensor", "Threshold real", "pooled p-quantile", "kernel k-th largest", "closer"],
+                            [[r.tensor, f(r.real), f(r.pooled), f(r.kernel), r.better] for r in p.rows]),
                       f"pooled reading closer on {p.pooled_wins} tensor(s) (median |log ratio| "
-                      f"{p.pooled_median_error:.4g}); running-max reading on {p.running_max_wins} "
-                      f"({p.running_max_median_error:.4g}): the thresholds support "
+                      f"{p.pooled_median_error:.4g}); kernel reading on {p.kernel_wins} "
+                      f"({p.kernel_median_error:.4g}): the thresholds support "
                       + {"pooled": "the pooled p-quantile (tuner's simulation reads it the other way)",
-                         "running_max": "the running-max p'-quantile (tuner's reading)",
+                         "kernel": "the kernel's k-th largest (tuner's reading)",
                          "undecided": "neither reading clearly"}[p.verdict]]
         if self.pc_check is not None:
             c = self.pc_check
@@ -271,7 +272,7 @@ def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = 
             mine = scales.threshold(t, dtype) if t in ws.stats else None
             methods = {}
             if t in ws.stats:
-                # max-percentile as tuner simulates it (scales.py: hb_mapper's running-max reading); the
+                # max-percentile as tuner simulates it (tuner.calib.methods: hmct's kernel); the
                 # pooled reading is compared in percentile_reading
                 methods = {"max": memo.get(t, "max", None, qmax),
                            f"max-percentile {p!r}": memo.get(t, "max-percentile", p, qmax),
@@ -313,30 +314,30 @@ def percentile_reading(ws, mapped: MappedThresholds, p: float) -> PercentileRead
     """Which reading of max_percentile the real thresholds support, per tensor and overall."""
     tensors = [t for t, nodes in mapped.activations.items() if t in ws.stats
                and any(n.quantizes and not n.per_channel and n.qtype in ("int8", "uint8") for n in nodes)]
-    # Both readings come from the one statistics pass (tuner.calib.stats keeps the running max too).
+    # Both readings come from the one statistics pass (tuner.calib.stats).
     n_samples = max((ws.stats[t].samples for t in tensors), default=0)
     q = hb_kernel_percentile(p, n_samples)
-    running = {t: ws.thresholds.get(t, "max-percentile", p, 127) for t in tensors}
+    kernel = {t: ws.thresholds.get(t, "max-percentile", p, 127) for t in tensors}
     rows = []
     for t in tensors:
         node = next(n for n in mapped.activations[t] if n.quantizes and not n.per_channel)
         real = node.threshold
         pooled = ws.thresholds.get(t, "percentile", p, 127)
-        rm = running.get(t, math.nan)
+        rm = kernel.get(t, math.nan)
         ep, er = _log_err(real, pooled), _log_err(real, rm)
-        better = "tie" if abs(ep - er) <= SAME else ("pooled" if ep < er else "running_max")
+        better = "tie" if abs(ep - er) <= SAME else ("pooled" if ep < er else "kernel")
         rows.append(ReadingRow(t, real, pooled, rm, better))
     pw = sum(r.better == "pooled" for r in rows)
-    rw = sum(r.better == "running_max" for r in rows)
+    rw = sum(r.better == "kernel" for r in rows)
     pe = float(np.median([_log_err(r.real, r.pooled) for r in rows])) if rows else math.nan
-    re_ = float(np.median([_log_err(r.real, r.running_max) for r in rows])) if rows else math.nan
+    re_ = float(np.median([_log_err(r.real, r.kernel) for r in rows])) if rows else math.nan
     verdict = "undecided"
     if pw > rw and pe <= re_:
         verdict = "pooled"
     elif rw > pw and re_ <= pe:
-        verdict = "running_max"
+        verdict = "kernel"
     return PercentileReading(percentile=p, kernel_percentile=q, samples=n_samples, rows=tuple(rows), pooled_wins=pw,
-                             running_max_wins=rw, pooled_median_error=pe, running_max_median_error=re_,
+                             kernel_wins=rw, pooled_median_error=pe, kernel_median_error=re_,
                              verdict=verdict)
 
 
