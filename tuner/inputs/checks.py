@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx.numpy_helper
@@ -371,13 +372,17 @@ def _slice_channels(proto, node) -> tuple[int, int] | None:
                 if a.name == "value":
                     consts[n.output[0]] = onnx.numpy_helper.to_array(a.t)
     ins = list(node.input) + [""] * 5
+    starts: Any
+    ends: Any
+    axes: Any
+    steps: Any = None
     if len(node.input) >= 3:          # opset >= 10: starts, ends, axes, steps as inputs
         starts, ends = consts.get(ins[1]), consts.get(ins[2])
         axes = consts.get(ins[3]) if ins[3] else None
         steps = consts.get(ins[4]) if ins[4] else None
     else:                             # opset 1-9: attributes
         attrs = {a.name: list(a.ints) for a in node.attribute}
-        starts, ends, axes, steps = attrs.get("starts"), attrs.get("ends"), attrs.get("axes"), None
+        starts, ends, axes = attrs.get("starts"), attrs.get("ends"), attrs.get("axes")
     if starts is None or ends is None:
         return None
     starts, ends = [int(v) for v in np.ravel(starts)], [int(v) for v in np.ravel(ends)]
