@@ -17,9 +17,10 @@ and reports its nodes under the names hb_mapper's log prints:
   forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
   output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
   (hb_quantizer_facts §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
-  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for HardSwish, Mish
-  and GELU: no real log shows them fused; the patterns are the usual exporter forms]. The fused
-  node keeps the name of the region's last node, and becomes an ONNX model-local function of that
+  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for Mish and GELU: no
+  real log shows them fused; the patterns are the usual exporter forms; HardSwish measured]. The
+  fused node keeps the name of the region's last node (a HardSwish: its x * f(x) Mul, as hb names
+  it, also before a Div by 6), and becomes an ONNX model-local function of that
   kind (domain ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.
 * **Div decomposed**: ``Div(a, b)`` with ``b`` computed at run time becomes ``<name>_reciprocal``
   (``Reciprocal(b)``, a LUT) and ``<name>_mul`` (``Mul(a, ·)``), as in real 1.24.3 logs
@@ -36,7 +37,10 @@ and reports its nodes under the names hb_mapper's log prints:
 * **Softmax on the BPU** is six quantized ops: :mod:`tuner.graph.softmax` (the graph keeps one
   Softmax, whose placement depends on the candidate).
 
-Not modelled here: folding affine ``Mul``/``Add`` by constants into a preceding Conv (not documented).
+* **constants folded into Convs** (:func:`_fold_into_convs`, :func:`_fold_channel_scales`): scales,
+  shifts and BatchNormalization after a Conv, a lowered Mul's Add, and a lowered Mul before an
+  unpadded Conv become Conv weights and biases, as hb's optimized graphs show (toy models measured
+  on hb_mapper 1.24.3; docs/hb_rules/placement.md section 6).
 
 :class:`tuner.graph.names.NameMap` remembers every rewrite, so that ``node_info`` may use either name.
 """

@@ -23,7 +23,7 @@ from tuner.graph import Graph, Node, Target
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
 from tuner.simulate.plan import Plan
-from tuner.simulate.scales import Scale, Scales, floor_threshold
+from tuner.simulate.scales import Scale, Scales
 
 MS = "com.microsoft"
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
@@ -252,14 +252,10 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         if s.axis is None and channel:   # per-tensor after all: share the per-tensor point
             made[key] = quantized(tensor, dtype, source)
             return made[key]
-        if tensor in plan.conv_floors:   # AdjustConvQuantParams (bayes, bayes-e), see plan._adjust_int16_conv
-            conv_in, w_name = plan.conv_floors[tensor]
-            t_in = scales.get(plan.scale_of.get(conv_in, conv_in), "int16").threshold
-            if ("wthr", w_name) not in memo:   # max |w| per output channel, hb_mapper's weight threshold
-                w = numpy_helper.to_array(graph.initializers[w_name])
-                memo[("wthr", w_name)] = np.abs(w.reshape(w.shape[0], -1)).max(axis=1).astype(np.float64)
-            s = floor_threshold(s, memo[("wthr", w_name)] * t_in, dtype)
-        src = source or tensor
+        src = anchor = source or tensor
+        if plan.emitted.get(tensor, dtype) != dtype:
+            # the producer emits another dtype (a Resize's int8 in an int16 group): round to it first
+            src = quantized(tensor, plan.emitted[tensor], source)
         zp = np.asarray(s.zero_point)
         point_key = ("qdq", fused, tensor, dtype, src, s.axis, np.asarray(s.scale).tobytes(), zp.dtype.char,
                      zp.tobytes())
@@ -269,7 +265,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         inits, point_nodes, out = point
         for t in inits:
             new_inits.setdefault(t.name, t)
-        qdq_after[src] += point_nodes
+        qdq_after[anchor] += point_nodes
         made[key] = out
         return out
 
