@@ -150,9 +150,83 @@ def test_hardswish_as_paddle_exports_it_is_one_lut():
     inits = [w1, _const("b", np.full((1, 4, 1, 1), 0.1)), _const("three", 3.0), _const("zero", 0.0), _const("six", 6.0)]
     before = _model(nodes, inits)
     model, names = optimize(before)
-    assert [(n.name, n.op_type) for n in Graph(model)] == [("/c1", "Conv"), ("/hs/Div", "HzHardSwish")]
+    # hb names it after the x * clip(...) Mul, not the Div by 6 (toy model F8, hb_mapper 1.24.3:
+    # ``HzHardSwish hs_mul``; PP-OCRv4: ``HzHardSwish p2o.Mul.2``)
+    assert [(n.name, n.op_type) for n in Graph(model)] == [("/c1", "Conv"), ("/hs/Mul", "HzHardSwish")]
     assert "folded into /c1" in names.rewrites["/affine"].reason
+    assert names.translate((("/hs/Div", {"OutputType": "int16"}),), {"/c1", "/hs/Mul"})[0] == \
+        {"/hs/Mul": {"OutputType": "int16"}}
     _same_function(before, model)
+
+
+def _conv1(name, x, out, rng, cin=4, cout=4, k=1, pads=0, group=1):
+    w = numpy_helper.from_array((rng.standard_normal((cout, cin // group, k, k)) * 0.3).astype(np.float32), f"{name}.w")
+    return helper.make_node("Conv", [x, w.name], [out], name=name, pads=[pads] * 4, group=group), w
+
+
+def test_scale_and_shift_after_a_conv_fold_into_it_as_hb_folds_them():
+    """hb's optimizer folds Mul, Div, Add, Sub by constants and BN read from a Conv alone into the Conv
+    (toy models E9, E12, F5, F6, F10 on hb_mapper 1.24.3; PP-OCRv4's ``Conv -> Mul(k) -> Add(b)``): one
+    Conv writing the last one's output. An Add after a single-output-channel Conv stays (F4, F12)."""
+    rng = np.random.default_rng(20)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    nodes = [c1, helper.make_node("Mul", ["k", "a"], ["m"], name="/Mul"),
+             helper.make_node("Add", ["m", "b"], ["s"], name="/Add"),
+             helper.make_node("Div", ["s", "two"], ["d"], name="/Div"),
+             helper.make_node("Sub", ["d", "b"], ["y"], name="/Sub")]
+    inits = [w1, _const("k", [0.476]), _const("b", [0.1]), _const("two", np.full((1, 4, 1, 1), 2.0))]
+    before = _model(nodes, inits)
+    model, names = optimize(before)
+    assert [(n.name, n.op_type, n.outputs) for n in Graph(model)] == [("/c1", "Conv", ["y"])]
+    assert all("folded into /c1" in names.rewrites[n].reason for n in ("/Mul", "/Add", "/Div", "/Sub"))
+    _same_function(before, model)
+    # a single output channel: the Mul folds, the Add does not
+    c2, w2 = _conv("/c2", "x", "a", rng, cout=1)
+    before = _model([c2, helper.make_node("Mul", ["a", "k"], ["m"], name="/Mul"),
+                     helper.make_node("Add", ["m", "b"], ["y"], name="/Add")], [w2, _const("k", [0.5]), _const("b", [0.1])])
+    model, _ = optimize(before)
+    assert [(n.name, n.op_type) for n in Graph(model)] == [("/c2", "Conv"), ("/Add", "Add")]
+    _same_function(before, model)
+    # a Conv whose output has a second reader folds nothing: the Mul is lowered (a unit conv in hb)
+    c3, w3 = _conv("/c3", "x", "a", rng)
+    before = _model([c3, helper.make_node("Mul", ["a", "k"], ["m"], name="/Mul"),
+                     helper.make_node("Add", ["m", "a"], ["y"], name="/Add")], [w3, _const("k", [0.5])])
+    model, _ = optimize(before)
+    assert [(n.name, n.op_type) for n in Graph(model)] == [("/c3", "Conv"), ("/Mul", "HzChannelScale"), ("/Add", "Add")]
+
+
+def test_a_scale_and_shift_before_an_unpadded_conv_fold_into_it_as_hb_folds_them(target):
+    """PP-OCRv4's ``HardSwish -> Mul(k) -> Add(b) -> Conv 1x1``: hb's optimized graph has the Conv read the
+    HardSwish output (its weights times k, b in its bias), so its input threshold is the HardSwish output's
+    (``p2o.Conv.2``: 28.26 real; 13.45 with the scale left in front). Toy models on hb_mapper 1.24.3: folded
+    into a Conv with no padding (1x1, or 3x3 pads 0, stride 1 or 2: E1, E5, E7, E16); with padding (E2, E3)
+    or a second reader of the Add (E8) the Mul stays a unit conv with the Add as its bias (E11, E13)."""
+    rng = np.random.default_rng(21)
+    c1, w1 = _conv("/c1", "x", "a", rng)
+    relu = helper.make_node("Relu", ["a"], ["r"], name="/Relu")
+    affine = [helper.make_node("Mul", ["k", "r"], ["m"], name="/Mul"), helper.make_node("Add", ["m", "b"], ["s"], name="/Add")]
+    k, b = _const("k", np.linspace(0.3, 2.0, 4).reshape(1, 4, 1, 1)), _const("b", [-0.05])
+    c2, w2 = _conv1("/c2", "s", "y", rng)
+    before = _model([c1, relu] + affine + [c2], [w1, w2, k, b])
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert [(n.name, n.op_type) for n in graph] == [("/c1", "Conv"), ("/Relu", "Relu"), ("/c2", "Conv")]
+    assert graph.data_inputs(graph.by_name["/c2"]) == [(0, "r")]
+    assert names.rewrites["/Mul"].nodes == () and names.rewrites["/Add"].nodes == ()
+    _same_function(before, model)
+    plan = make_plan(graph, target, Candidate.make())
+    assert plan.edges[("/c2", 0)] == ("r", "int8")        # the Relu output is the Conv's input
+
+    c3, w3 = _conv("/c3", "s", "y", rng)                   # 3x3, pads 1: not folded
+    before = _model([c1, relu] + affine + [c3], [w1, w3, k, b])
+    model, names = optimize(before)
+    graph = Graph(model, names)
+    assert [(n.name, n.op_type, n.outputs) for n in graph] == [
+        ("/c1", "Conv", ["a"]), ("/Relu", "Relu", ["r"]), ("/Mul", "HzChannelScale", ["s"]), ("/c3", "Conv", ["y"])]
+    assert names.rewrites["/Add"].nodes == ("/Mul",)
+    _same_function(before, model)
+    plan = make_plan(graph, target, Candidate.make())
+    assert sorted(t for t, _ in plan.edges.values()) == ["r", "s", "x"]     # one point less: no Mul output
 
 
 def test_div_of_two_feature_maps_becomes_reciprocal_and_mul_with_hb_names(target):
@@ -201,13 +275,14 @@ def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
     """x5_op_facts 4.2 #12: '/model.10/attn/Mul BPU HzSQuantizedConv int8/int32' before a CPU Softmax."""
     rng = np.random.default_rng(7)
     c1, w1 = _conv("/c1", "x", "a", rng)
-    nodes = [c1, helper.make_node("Mul", ["k", "a"], ["m"], name="/scale/Mul"),
+    # (a Relu between: a Mul read from a Conv alone would be folded into it)
+    nodes = [c1, helper.make_node("Relu", ["a"], ["r"], name="/Relu"), helper.make_node("Mul", ["k", "r"], ["m"], name="/scale/Mul"),
              helper.make_node("Softmax", ["m"], ["y"], name="/Softmax", axis=1)]
     before = _model(nodes, [w1, _const("k", rng.standard_normal((1, 4, 1, 1)))])
     model, names = optimize(before)
     graph = Graph(model, names)
     assert graph.by_name["/scale/Mul"].op_type == "HzChannelScale"
-    assert graph.data_inputs(graph.by_name["/scale/Mul"]) == [(0, "a")]
+    assert graph.data_inputs(graph.by_name["/scale/Mul"]) == [(0, "r")]
     plan = make_plan(graph, target, Candidate.make())
     assert plan.out_dtype["/scale/Mul"] == "int32" and plan.cpu_nodes == ["/Softmax"]
     assert not plan.cpu_reads   # int32 leaves unrounded

@@ -221,24 +221,16 @@ def sqnr_vs_float(ws: Workspace, model: onnx.ModelProto) -> float:
     return vs_float(ws, model).sqnr_db
 
 
-def test_d_set_all_nodes_int16_gains_like_onnxruntime_a16w8(projects):
+def test_d_set_all_nodes_int16_gains_what_hb_allows_not_what_onnxruntime_a16w8_gains(projects):
     """set_all_nodes_int16 on bayes-e against onnxruntime's A16W8, output SQNR vs float (folded detector).
 
-    Measured (2 cores, 8 photos at 256x320, onnxruntime 1.32), gain over all-int8 ``max``:
-
-    ==========================================================  ===============
-    tuner before this change (Conv never int16)                 +4.0 dB (9.93 -> 13.96)
-    tuner, Conv int16, ConvTranspose/Resize int8 only            +8.0 dB (9.93 -> 17.95)
-    tuner now, also on hb_mapper's optimized graph (HardSwish     +9.6 dB
-      as one LUT, Muls by constants as convolutions)
-    ORT A16W8, every activation int16                           +12.2 dB (9.93 -> 22.16)
-    ORT A16W8, the 15 ConvTranspose/Resize tensors int8         +11.7 dB
-    ==========================================================  ===============
-
-    So tuner reaches 79% of the full A16W8 gain (70% asked for). X5's own int8-only ops
-    (ConvTranspose, Resize) cost ORT only 0.5 dB. Before the graph pass (tuner.graph.optimize)
-    the 24 Div inputs of the detector's decomposed HardSwish stayed int8 (66%); as one LUT they are
-    not quantization points at all. ORT quantizes the exported graph, so its figures are unchanged.
+    The real toolchain (hb_mapper 1.24.3, the fidelity suite's PP-OCRv4 at 256x320, 8 photos) gains
+    +2.5 dB over all-int8 ``max`` (13.75 -> 16.28 dB, its quantized model); onnxruntime's A16W8, every
+    activation int16, +12.2 dB. hb keeps much in int8: its four stride-2 depthwise Convs set their int16
+    input back to int8 at quantization, the SE blocks' GlobalAveragePool inputs stay int8, Resize and
+    ConvTranspose run int8 (requantized around). tuner follows those rules (tuner.simulate.plan): measured
+    here +4.2 dB (the fidelity suite: 13.55 -> 17.74 dB, within its 1.5 dB of the real tool), where it
+    claimed +9.6 dB (79% of A16W8) before them. So tuner's gain must stay well below onnxruntime's.
     """
     ws = Workspace.open(projects["folded"])
     # onnxruntime quantizes the exported graph (it cannot load hb_mapper's fused LUT nodes)
@@ -254,6 +246,5 @@ def test_d_set_all_nodes_int16_gains_like_onnxruntime_a16w8(projects):
     gain = int16 - int8
     report = f"tuner {gain:+.2f} dB, ORT A16W8 {full:+.2f} dB, ORT A16W8 with tuner's int8 points {same_points:+.2f} dB"
     print("\n" + report)
-    assert gain > 7.0, report                  # was +4.0 dB before Conv took int16
-    assert gain >= 0.7 * full, report          # 79% measured
-    assert gain >= 0.7 * same_points, report
+    assert gain > 1.0, report                  # int16 still helps
+    assert gain < 0.6 * full, report           # but hb's int8 points keep it far from A16W8 (real: 20%)

@@ -150,18 +150,22 @@ def test_compared_figures_follow_the_first_calibration_sample(tmp_path):
 
 
 def _write_relu_project(root: Path) -> Path:
-    """x [1,1,2,2] -> Relu -> y. Calibration sample 1 sets the threshold 0.127 (int8 step 0.001);
-    sample 0 holds values of a few steps, so its vectors are tiny and hb_mapper's eps counts."""
+    """x [1,1,2,2] -> Relu -> Conv 1x1 (weight 1, exact in int8) -> y. Calibration sample 1 sets the
+    threshold 0.127 (int8 step 0.001); sample 0 holds values of a few steps, so its vectors are tiny and
+    hb_mapper's eps counts. (A Relu alone at the model output would leave the BPU in int16, hb's
+    high-precision output, and take its input's group with it: no int8 step to see.)"""
     import numpy as np
     import onnx
     from helpers import hb_yaml
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     (root / "cal").mkdir(parents=True)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2])
-    relu = helper.make_node("Relu", ["x"], ["y"], name="/relu")
-    model = helper.make_model(helper.make_graph([relu], "relu", [x], [y]),
+    relu = helper.make_node("Relu", ["x"], ["r"], name="/relu")
+    conv = helper.make_node("Conv", ["r", "w"], ["y"], name="/conv")
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")
+    model = helper.make_model(helper.make_graph([relu, conv], "relu", [x], [y], [w]),
                               opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7
     onnx.save(model, str(root / "relu.onnx"))

@@ -17,9 +17,10 @@ and reports its nodes under the names hb_mapper's log prints:
   forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
   output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
   (hb_quantizer_facts §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
-  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for HardSwish, Mish
-  and GELU: no real log shows them fused; the patterns are the usual exporter forms]. The fused
-  node keeps the name of the region's last node, and becomes an ONNX model-local function of that
+  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for Mish and GELU: no
+  real log shows them fused; the patterns are the usual exporter forms; HardSwish measured]. The
+  fused node keeps the name of the region's last node (a HardSwish: its x * f(x) Mul, as hb names
+  it, also before a Div by 6), and becomes an ONNX model-local function of that
   kind (domain ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.
 * **Div decomposed**: ``Div(a, b)`` with ``b`` computed at run time becomes ``<name>_reciprocal``
   (``Reciprocal(b)``, a LUT) and ``<name>_mul`` (``Mul(a, ·)``), as in real 1.24.3 logs
@@ -36,7 +37,10 @@ and reports its nodes under the names hb_mapper's log prints:
 * **Softmax on the BPU** is six quantized ops: :mod:`tuner.graph.softmax` (the graph keeps one
   Softmax, whose placement depends on the candidate).
 
-Not modelled here: folding affine ``Mul``/``Add`` by constants into a preceding Conv (not documented).
+* **constants folded into Convs** (:func:`_fold_into_convs`, :func:`_fold_channel_scales`): scales,
+  shifts and BatchNormalization after a Conv, a lowered Mul's Add, and a lowered Mul before an
+  unpadded Conv become Conv weights and biases, as hb's optimized graphs show (toy models measured
+  on hb_mapper 1.24.3; docs/hb_rules/placement.md section 6).
 
 :class:`tuner.graph.names.NameMap` remembers every rewrite, so that ``node_info`` may use either name.
 """
@@ -83,11 +87,12 @@ def optimize(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, NameMap]:
     original = {n.name for n in model.graph.node}
     _fold(model, names)
     _drop_noops(model, names)
-    _fold_batchnorm(model, names)
+    _fold_into_convs(model, names)
     _fuse_activations(model, names)
     _split_div(model, names)
     _split_where(model, names)
     _lower_channel_scales(model, names, original)
+    _fold_channel_scales(model, names)
     if any(r.nodes for r in names.rewrites.values()) or model.functions:
         if model.ir_version < 8:
             model.ir_version = 8   # model-local functions need IR 8 (simulation only: never exported)
@@ -212,85 +217,65 @@ def _drop_noops(model: onnx.ModelProto, names: NameMap) -> None:
 # -- BatchNormalization folded into its Conv ------------------------------------------------
 
 
-def _fold_batchnorm(model: onnx.ModelProto, names: NameMap) -> None:
-    """What hb's optimizer folds into a Conv or ConvTranspose (the real toolchain's optimized graph: no
-    BN after a Conv, whose bias is then ``<conv>_hz_bias``, and a ConvTranspose quantized after its
-    bias; notes on hmct's placement rules, 5): an ``Add`` of a per-channel constant read by the Conv
-    alone becomes its bias, then a BatchNormalization likewise becomes its weight and bias. The Conv
-    writes the folded node's output. Unfolded, tuner quantized between them: PP-OCRv4's detector
-    (BNs after two Convs and after a ConvTranspose + bias Add) simulated set_all_nodes_int16 to
-    cosine 0 (the real quantized model: 0.988)."""
+def _per_channel(value: np.ndarray, c_out: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts over a rank-``rank`` [N, C, ...] map as one value, or one value per
+    channel C = ``c_out``: its ``c_out`` values, float64. None for any other shape (a (C,) vector
+    broadcasts along the last axis, not the channels)."""
+    if value.size == 1 and value.ndim <= rank:
+        return np.full(c_out, float(value.reshape(-1)[0]))
+    if value.ndim > rank or value.ndim < 2:
+        return None
+    shape = (1,) * (rank - value.ndim) + value.shape
+    if shape[1] != c_out or any(d != 1 for k, d in enumerate(shape) if k != 1):
+        return None
+    return value.reshape(-1).astype(np.float64)
+
+
+def _fold_into_convs(model: onnx.ModelProto, names: NameMap) -> None:
+    """What hb's optimizer folds into a Conv or ConvTranspose that writes it (``fuse_mul_into_conv``,
+    ``fuse_div_into_conv``, ``fuse_add_or_sub_into_conv``, ``fuse_bn_into_conv``, ... in horizon_nn's
+    C++ optimizer; the real toolchain's optimized graphs): a ``Mul`` or ``Div`` by a scalar or
+    per-channel constant, an ``Add`` (either order) or ``Sub`` (``x - c``) of one, and a
+    BatchNormalization, each read from a Conv's output that nothing else reads, one after the other
+    (PP-OCRv4's ``Conv -> Mul(k) -> Add(b)`` blocks are one Conv there, biased ``<conv><b>_fuse_add_sub``).
+    The Conv writes the folded node's output (a Div's consumers read the Conv's instead, as hb
+    leaves it). Measured with toy models on hb_mapper 1.24.3 (``optimized_float_model.onnx``):
+    Conv+Mul(0.5)+Add(0.1) and Conv+Sub, Conv+Div(2), ConvTranspose+Mul folded; an Add into a Conv with a
+    **single output channel** is not (Conv and ConvTranspose, constant [1] or [1,1,1,1]; PP-OCR's last
+    ConvTranspose keeps its ``Add``), a Mul is; a Conv whose output has a second reader folds nothing.
+    Unfolded, tuner quantized between them: PP-OCRv4's detector (BNs after two Convs and after a
+    ConvTranspose + bias Add) simulated set_all_nodes_int16 to cosine 0 (the real quantized model: 0.988)."""
     graph = model.graph
     consts = {t.name: t for t in graph.initializer}
-    users = _consumers(graph)
     outputs = {o.name for o in graph.output}
-    producer = {o: n for n in graph.node for o in n.output}
     drop: set[int] = set()
-    for add in graph.node:     # Conv + Add(per-channel constant) -> the Conv's bias
-        if add.op_type != "Add" or len(add.input) != 2:
-            continue
-        x = next((str(t) for t in add.input if t not in consts), None)
-        c = next((str(t) for t in add.input if t in consts), None)
-        if x is None or c is None:
-            continue
-        conv = producer.get(x)
-        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 \
-                or conv.input[1] not in consts or x in outputs or len(users.get(x, [])) != 1:
-            continue
-        group = next((a.i for a in conv.attribute if a.name == "group"), 1)
-        axis = 0 if conv.op_type == "Conv" else 1
-        w_dims = tuple(consts[conv.input[1]].dims)
-        c_out = w_dims[axis] * (group if conv.op_type == "ConvTranspose" else 1)
-        cv = numpy_helper.to_array(consts[c]).astype(np.float64)
-        if cv.size != c_out or (cv.ndim >= 3 and cv.shape[-3] != c_out) or (cv.ndim == 2 and cv.shape[0] != c_out):
-            continue
-        b = (numpy_helper.to_array(consts[conv.input[2]]).astype(np.float64) if len(conv.input) > 2 and conv.input[2]
-             and conv.input[2] in consts else np.zeros(c_out))
-        b_name = f"{conv.name or conv.output[0]}_hz_bias"
-        while b_name in consts:
-            b_name += "_"
-        t = numpy_helper.from_array((b + cv.reshape(-1)).astype(np.float32), b_name)
-        graph.initializer.append(t)
-        consts[b_name] = t
-        del conv.input[2:]
-        conv.input.append(b_name)
-        conv.output[0] = add.output[0]
-        producer[add.output[0]] = conv
-        drop.add(id(add))
-        names.rewrites[add.name] = Rewrite(add.name, "Add", (), (), None, f"Add of a constant folded into {conv.name}")
-    for bn in graph.node:
-        if bn.op_type != "BatchNormalization" or len(bn.input) < 5 or len(bn.output) != 1 and any(bn.output[1:]):
-            continue
-        conv = producer.get(bn.input[0])
-        if conv is None or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 \
-                or conv.input[1] not in consts or bn.input[0] in outputs or len(users.get(bn.input[0], [])) != 1:
-            continue
-        if not all(t in consts for t in bn.input[1:5]):
-            continue
-        group = next((a.i for a in conv.attribute if a.name == "group"), 1)
-        axis = 0 if conv.op_type == "Conv" else 1
-        if conv.op_type == "ConvTranspose" and group != 1:
-            continue   # its output channels are not one weight axis
-        w = numpy_helper.to_array(consts[conv.input[1]]).astype(np.float64)
-        c_out = w.shape[axis]
-        b = (numpy_helper.to_array(consts[conv.input[2]]).astype(np.float64) if len(conv.input) > 2 and conv.input[2]
-             and conv.input[2] in consts else np.zeros(c_out))
-        gamma, beta, mean, var = (numpy_helper.to_array(consts[t]).astype(np.float64) for t in bn.input[1:5])
-        if gamma.size != c_out:
-            continue
-        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-        k = gamma / np.sqrt(var + eps)
-        shape = [1] * w.ndim
-        shape[axis] = c_out
-        w_name, b_name = f"{conv.name or conv.output[0]}_hz_weight", f"{conv.name or conv.output[0]}_hz_bias_bn"
-        graph.initializer.extend([numpy_helper.from_array((w * k.reshape(shape)).astype(np.float32), w_name),
-                                  numpy_helper.from_array(((b - mean) * k + beta).astype(np.float32), b_name)])
-        del conv.input[1:]
-        conv.input.extend([w_name, b_name])
-        conv.output[0] = bn.output[0]
-        drop.add(id(bn))
-        names.rewrites[bn.name] = Rewrite(bn.name, "BatchNormalization", (), (), None,
-                                          f"BatchNormalization folded into {conv.name}")
+    changed = True
+    while changed:
+        changed = False
+        users = _consumers(graph)
+        for conv in graph.node:
+            if id(conv) in drop or conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 \
+                    or conv.input[1] not in consts or conv.output[0] in outputs:
+                continue
+            readers = [u for u in users.get(conv.output[0], []) if id(u) not in drop]
+            if len(readers) != 1:
+                continue
+            node = readers[0]
+            folded = _fold_one(graph, consts, conv, node)
+            if folded is None:
+                continue
+            drop.add(id(node))
+            if node.op_type == "Div" and node.output[0] not in outputs:
+                for u in users.get(node.output[0], []):     # hb keeps the Conv's output name
+                    for k, t in enumerate(u.input):
+                        if t == node.output[0]:
+                            u.input[k] = conv.output[0]
+            else:
+                conv.output[0] = node.output[0]
+            names.rewrites[node.name] = Rewrite(node.name, node.op_type, (), (), None,
+                                                f"{folded} folded into {conv.name}")
+            changed = True
+            break
     if drop:
         keep = [n for n in graph.node if id(n) not in drop]
         del graph.node[:]
@@ -298,6 +283,75 @@ def _fold_batchnorm(model: onnx.ModelProto, names: NameMap) -> None:
         used = {t for n in graph.node for t in n.input} | outputs
         for t in [t for t in graph.initializer if t.name not in used]:
             graph.initializer.remove(t)
+
+
+def _fold_one(graph: onnx.GraphProto, consts: dict[str, onnx.TensorProto], conv: onnx.NodeProto,
+              node: onnx.NodeProto) -> str | None:
+    """Fold ``node`` (the only reader of ``conv``'s output) into ``conv``'s weight and bias: what was
+    folded (for the rewrite's note), or None when hb's optimizer leaves it."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    x = conv.output[0]
+    group = next((a.i for a in conv.attribute if a.name == "group"), 1)
+    w = numpy_helper.to_array(consts[conv.input[1]]).astype(np.float64)
+    transpose = conv.op_type == "ConvTranspose"
+    axis = 1 if transpose else 0
+    c_out = w.shape[axis] * (group if transpose else 1)
+    has_bias = len(conv.input) > 2 and bool(conv.input[2])
+    if has_bias and conv.input[2] not in consts:
+        return None
+    b = numpy_helper.to_array(consts[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(c_out)
+    scale: np.ndarray | None = None
+    shift = np.zeros(c_out)
+    what = node.op_type
+    if node.op_type in ("Mul", "Div", "Add", "Sub") and len(node.input) == 2:
+        k = [i for i, t in enumerate(node.input) if t in consts]
+        if len(k) != 1 or node.input[1 - k[0]] != x or (node.op_type in ("Div", "Sub") and k[0] != 1):
+            return None
+        value = _per_channel(numpy_helper.to_array(consts[node.input[k[0]]]), c_out, w.ndim)
+        if value is None:
+            return None
+        if node.op_type in ("Mul", "Div"):
+            if node.op_type == "Div" and not np.all(value != 0):
+                return None
+            scale = value if node.op_type == "Mul" else 1.0 / value
+        else:
+            if c_out == 1:
+                return None     # measured: hb leaves an Add after a single-output-channel Conv
+            shift = value if node.op_type == "Add" else -value
+            what = f"{node.op_type} of a constant"
+    elif node.op_type == "BatchNormalization" and len(node.input) >= 5 and all(t in consts for t in node.input[1:5]) \
+            and not any(node.output[1:]):
+        gamma, beta, mean, var = (numpy_helper.to_array(consts[t]).astype(np.float64).reshape(-1)
+                                  for t in node.input[1:5])
+        if gamma.size != c_out:
+            return None
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+        scale = gamma / np.sqrt(var + eps)
+        shift = beta - mean * scale
+        what = "BatchNormalization"
+    else:
+        return None
+    if scale is not None:
+        if transpose and group != 1:
+            return None     # its output channels are not one weight axis
+        shape = [1] * w.ndim
+        shape[axis] = c_out
+        w = w * scale.reshape(shape)
+        b = b * scale
+    b = b + shift
+    base = conv.name or conv.output[0]
+    if scale is not None:
+        w_name = _unique(f"{base}_hz_weight", set(consts))
+        consts[w_name] = numpy_helper.from_array(w.astype(np.float32), w_name)
+        graph.initializer.append(consts[w_name])
+        conv.input[1] = w_name
+    b_name = _unique(f"{base}_hz_bias", set(consts))
+    consts[b_name] = numpy_helper.from_array(b.astype(np.float32), b_name)
+    graph.initializer.append(consts[b_name])
+    del conv.input[2:]
+    conv.input.append(b_name)
+    return what
 
 
 # -- fused activations -----------------------------------------------------------------------
@@ -410,18 +464,18 @@ def _fuse_activations(model: onnx.ModelProto, names: NameMap) -> None:
             functions[key] = helper.make_function(HZ_DOMAIN, fname, [f"i{k}" for k in range(len(fn_inputs))], ["y"],
                                                   body, default_opset)
         fn = functions[key]
-        fused = helper.make_node(fn.name, fn_inputs, [end.output[0]], name=end.name, domain=HZ_DOMAIN)
+        # named after the region's last node (SiLU: its Mul), HardSwish after its x * f(x) Mul even when a
+        # Div by 6 follows (measured: x * clip(x + 3, 0, 6) / 6 is hb's ``HzHardSwish <the Mul>``)
+        head = next((n for n in region if n.op_type == "Mul" and all(t and t not in consts for t in n.input)), end) \
+            if kind == "HzHardSwish" else end
+        fused = helper.make_node(fn.name, fn_inputs, [end.output[0]], name=head.name, domain=HZ_DOMAIN)
         for n in region:
             taken.add(id(n))
             replace[id(n)] = None
-            if n is not end:
-                names.rewrites[n.name] = Rewrite(n.name, n.op_type, (end.name,),
-                                                 tuple((k, end.name, 0) for k, t in enumerate(n.input) if t == src),
-                                                 None, f"fused into {kind}")
+            names.rewrites[n.name] = Rewrite(n.name, n.op_type, (head.name,),
+                                             tuple((k, head.name, 0) for k, t in enumerate(n.input) if t == src),
+                                             head.name if n is end or n is head else None, f"fused into {kind}")
         replace[id(end)] = fused
-        names.rewrites[end.name] = Rewrite(end.name, end.op_type, (end.name,),
-                                           tuple((k, end.name, 0) for k, t in enumerate(end.input) if t == src),
-                                           end.name, f"fused into {kind}")
     if not replace:
         return
     new_nodes = []
@@ -582,6 +636,105 @@ def _lower_channel_scales(model: onnx.ModelProto, names: NameMap, original: set[
         model.functions.append(fn)
         if not any(o.domain == HZ_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(HZ_DOMAIN, 1))
+
+
+def _fold_channel_scales(model: onnx.ModelProto, names: NameMap) -> None:
+    """What hb's optimizer does to a lowered Mul (its 1x1 "unit" convolution, ``UNIT_WEIGHT_FOR_<mul>``),
+    measured with toy models on hb_mapper 1.24.3 (``optimized_float_model.onnx``), as on PP-OCRv4's
+    ``HardSwish -> Mul(k) -> Add(b) -> Conv`` blocks:
+
+    * an ``Add`` (or ``Sub``) of a scalar or per-channel constant that alone reads it becomes its bias
+      (``<mul>UNIT_BIAS_FOR_<mul>_fuse_add_sub``), unless the map has a single channel (as for a Conv);
+    * then, when a Conv with **no padding** and one group alone reads it, it is folded into that Conv's
+      weights and bias (``fuse_unit_conv_into_conv``): the Conv reads the Mul's input. With padding
+      (3x3, pads 1) it is not folded (padding zeros would take the bias), nor into a depthwise Conv.
+
+    On PP-OCRv4's detector this puts about twenty Conv inputs at the HardSwish output's threshold (real
+    28.3 for ``p2o.Conv.2``, 13.5 where the scale 0.476 stayed in front of it) and removes two quantization
+    points per block."""
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    shapes = _shapes(model)
+    users = _consumers(graph)
+    opset = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    biased = None
+    drop: set[int] = set()
+    for n in list(graph.node):
+        if n.domain != HZ_DOMAIN or hz_kind(n.op_type, n.domain) != "HzChannelScale" or len(n.input) != 2:
+            continue
+        x, c = n.input
+        shape = shapes.get(x)
+        if shape is None or len(shape) < 2:
+            continue
+        channels = shape[1]
+        scale = _per_channel(numpy_helper.to_array(consts[c]), channels, len(shape))
+        if scale is None:
+            continue
+        shift = np.zeros(channels)
+        readers = users.get(n.output[0], [])
+        add = readers[0] if len(readers) == 1 and n.output[0] not in outputs else None
+        if add is not None and add.op_type in ("Add", "Sub") and add.domain in ("", "ai.onnx") and channels > 1 \
+                and len(add.input) == 2:
+            k = [i for i, t in enumerate(add.input) if t in consts]
+            value = _per_channel(numpy_helper.to_array(consts[add.input[k[0]]]), channels, len(shape)) \
+                if len(k) == 1 and not (add.op_type == "Sub" and k[0] != 1) else None
+            if value is not None:
+                shift = value if add.op_type == "Add" else -value
+                b_name = _unique(f"{n.name}_hz_bias", set(consts))
+                consts[b_name] = numpy_helper.from_array(shift.reshape((1, channels) + (1,) * (len(shape) - 2))
+                                                         .astype(np.float32), b_name)
+                graph.initializer.append(consts[b_name])
+                if biased is None:
+                    biased = helper.make_function(HZ_DOMAIN, "HzChannelScale__1", ["i0", "i1", "i2"], ["y"],
+                                                  [helper.make_node("Mul", ["i0", "i1"], ["t"]),
+                                                   helper.make_node("Add", ["t", "i2"], ["y"])], opset)
+                n.op_type = biased.name
+                n.input.append(b_name)
+                n.output[0] = add.output[0]
+                drop.add(id(add))
+                names.rewrites[add.name] = Rewrite(add.name, add.op_type, (n.name,), ((1 - k[0], n.name, 0),), n.name,
+                                                   f"{add.op_type} of a constant folded into {n.name}'s bias")
+                readers = users.get(n.output[0], [])
+        conv = readers[0] if len(readers) == 1 and n.output[0] not in outputs else None
+        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or conv.input[0] != n.output[0] \
+                or len(conv.input) < 2 or conv.input[1] not in consts \
+                or (len(conv.input) > 2 and conv.input[2] and conv.input[2] not in consts):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+        auto_pad = attrs.get("auto_pad", b"NOTSET")
+        if attrs.get("group", 1) != 1 or any(attrs.get("pads", [])) or auto_pad not in (b"NOTSET", b"VALID"):
+            continue
+        w = numpy_helper.to_array(consts[conv.input[1]]).astype(np.float64)
+        if w.shape[1] != channels:
+            continue
+        b = numpy_helper.to_array(consts[conv.input[2]]).astype(np.float64) if len(conv.input) > 2 and conv.input[2] \
+            else np.zeros(w.shape[0])
+        spread = (1, channels) + (1,) * (w.ndim - 2)
+        b = b + (w * shift.reshape(spread)).reshape(w.shape[0], -1).sum(axis=1)
+        w = w * scale.reshape(spread)
+        base = conv.name or conv.output[0]
+        w_name, b_name = _unique(f"{base}_hz_weight", set(consts)), _unique(f"{base}_hz_bias", set(consts))
+        for name, value in ((w_name, w), (b_name, b)):
+            consts[name] = numpy_helper.from_array(value.astype(np.float32), name)
+            graph.initializer.append(consts[name])
+        del conv.input[:]
+        conv.input.extend([x, w_name, b_name])
+        drop.add(id(n))
+        for name, r in list(names.rewrites.items()):
+            if r.nodes == (n.name,):
+                names.rewrites[name] = Rewrite(name, r.op_type, (), (), None, f"{r.reason}, then into {conv.name}")
+        if n.name not in names.rewrites:
+            names.rewrites[n.name] = Rewrite(n.name, "Mul", (), (), None, f"Mul by a constant folded into {conv.name}")
+    if biased is not None:
+        model.functions.append(biased)
+    if drop:
+        keep = [n for n in graph.node if id(n) not in drop]
+        del graph.node[:]
+        graph.node.extend(keep)
+        used = {t for n in graph.node for t in n.input} | outputs
+        for t in [t for t in graph.initializer if t.name not in used]:
+            graph.initializer.remove(t)
 
 
 def hz_kind(op_type: str, domain: str) -> str:

@@ -42,8 +42,11 @@ class Target:
     # op -> ((attribute, limit), ...): the output is int8 only when a value of the attribute
     # exceeds its limit (dilated Conv, x5_op_facts S1)
     int8_output_only: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
-    # AdjustConvQuantParams: int16-input Conv outputs get a threshold floor (hb_quantizer_facts 3.3)
-    adjust_int16_conv_output: bool = False
+    # When hb_mapper sets a Conv's int16 input back to int8 at quantization (bayes-e, measured):
+    # {"depthwise_max_stride": n, "int32_output_max_taps": n}; empty: never
+    conv_int16_input_drop: dict[str, int] = field(default_factory=dict)
+    # ops whose int16 refusal hb applies when calibrating: the tensor they read stays int8 for all readers
+    int16_refused_at_calibration: frozenset[str] = frozenset()
     # hb's post-calibration rules (tuner.simulate.sharing, plan's high-precision outputs, one quantizer per
     # tensor for CPU readers); off in the onnxruntime-semantics oracle (tuner.simulate.oracle)
     post_calibration: bool = True
@@ -55,7 +58,9 @@ class Target:
         """Whether input ``k`` of an ``op_type`` node may be int16 (``k=None``: some input may)."""
         if op_type not in self.int16_ops and op_type not in self.int16_input_only:
             return False
-        return k is None or op_type not in self.int16_inputs or k in self.int16_inputs[op_type]
+        if op_type not in self.int16_inputs:
+            return True
+        return bool(self.int16_inputs[op_type]) if k is None else k in self.int16_inputs[op_type]
 
     def int16_input_indices(self, op_type: str) -> frozenset[int] | None:
         """The only inputs of ``op_type`` that may be int16, or None when any may."""
@@ -123,7 +128,9 @@ def load_target(march_or_path: str | Path) -> Target:
             quantize_bias=bool(raw.get("quantize_bias", True)),
             fusion_patterns=tuple(patterns), max_opset=limits.get("max_opset"),
             max_ir_version=limits.get("max_ir_version"), raw=raw, int16_inputs=int16_inputs,
-            int8_output_only=int8_only, adjust_int16_conv_output=bool(raw.get("adjust_int16_conv_output", False)))
+            int8_output_only=int8_only, conv_int16_input_drop=_int_mapping(path, "conv_int16_input_drop",
+                                                                           raw.get("conv_int16_input_drop")),
+            int16_refused_at_calibration=frozenset(raw.get("int16_refused_at_calibration") or ()))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TunerError(f"{path}: malformed target table ({type(exc).__name__}: {exc})") from None
 
@@ -140,6 +147,15 @@ def _int16_inputs(path: Path, value: Any) -> dict[str, frozenset[int]]:
             raise TunerError(f"{path}: int16_inputs.{op}: expected a list of input indices (0, 1, ...), got {ks!r}")
         out[str(op)] = frozenset(ks)
     return out
+
+
+def _int_mapping(path: Path, key: str, value: Any) -> dict[str, int]:
+    """``key: {name: integer}`` (absent: empty)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+        raise TunerError(f"{path}: {key}: expected a mapping name -> integer, got {value!r}")
+    return {str(k): int(v) for k, v in value.items()}
 
 
 def _int8_output_only(path: Path, value: Any) -> dict[str, tuple[tuple[str, int], ...]]:

@@ -15,24 +15,29 @@ quantization points:
   their consumers do not round again; same-scale ops (Resize, AveragePool) keep the scale
   but leave the grid, so their output is rounded again with the input's scale;
 * weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel;
-* int16 is resolved per input (MatMul: input 0 only) and per node (a dilated Conv emits int8
-  only); an int16 input also needs a producer that can emit int16 (x5_op_facts section 3, S4);
-  an explicit request that cannot be met falls back to int8 with hb_mapper's warning text; on
-  bayes/bayes-e an int16-input Conv gets an int16, floored output (AdjustConvQuantParams).
+* int16 is resolved per threshold group, as hb_mapper spreads it (:func:`_int16_spread`): a request
+  on any member makes the whole group int16; each reader then takes int16 where its input may be
+  (MatMul: input 0 only; not Resize, GlobalAveragePool, ConvTranspose) and each producer emits it
+  where its output may (not Resize, ConvTranspose, a dilated Conv); a refused request falls back to
+  int8 with hb_mapper's warning text. A Conv whose int16 input hb cannot quantize is set back to
+  int8 at quantization (:func:`_conv_int16_dropped`), and an int16 residual input unfuses
+  Conv+Add(+Relu).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from tuner.candidate import Candidate
 from tuner.errors import TunerError
-from tuner.graph import Graph, Node, Target, fused_edges, fusion_groups
+from tuner.graph import Graph, Node, Target, fusion_groups
 from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
 from tuner.simulate.fixed import fixed_thresholds, unsigned_tensors
 from tuner.simulate.scales import Derived, Fixed
-from tuner.simulate.sharing import threshold_sources
+from tuner.simulate.sharing import SPLIT_OPS, THROUGH_SAME_SCALE, threshold_sources
 
 INT8, INT16 = "int8", "int16"
 ACTIVATIONS = {"Relu", "Clip", "LeakyRelu", "PRelu"}
@@ -55,9 +60,22 @@ class Plan:
     # Outputs of same-scale ops (Resize, ...) are rounded with their input's scale: tensor -> scale source
     scale_of: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    # AdjustConvQuantParams: Conv output tensor -> (its int16 input tensor, its weight initializer);
-    # the output threshold is floored at max|w| x the input's threshold (see _adjust_int16_conv)
-    conv_floors: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Tensors a BPU producer emits in int8 although int16 readers read them (a Resize or ConvTranspose
+    # in an int16 group: hb requantizes its int8 output to int16): tensor -> "int8", rounded first
+    emitted: dict[str, str] = field(default_factory=dict)
+    # hb's calibrated model (its log's per-node cosines) where it differs from the quantized one: inputs
+    # hb sets back to int8 only at quantization (a Conv's dropped int16, a Resize's), int16 there
+    calibrated: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+
+    def as_calibrated(self) -> Plan:
+        """The plan of hb's calibrated model: the late int8 fallbacks undone (``calibrated``), no int8
+        rounding of refusing producers (``emitted``). Dtypes (``in_dtype``) stay the quantized model's."""
+        if not self.calibrated and not self.emitted:
+            return self
+        edges = dict(self.edges)
+        edges.update(self.calibrated)
+        passthrough = {k: v for k, v in self.passthrough.items() if k not in self.calibrated}
+        return dataclasses.replace(self, edges=edges, passthrough=passthrough, emitted={}, calibrated={})
     # BPU Softmaxes, run as hb_mapper's six parts (tuner.graph.optimize.softmax_parts): node -> dtype
     # of the parts, and the quantization points between the parts: (part, k) -> (tensor, dtype)
     softmax: dict[str, str] = field(default_factory=dict)
@@ -67,9 +85,6 @@ class Plan:
     derived: dict[str, Derived] = field(default_factory=dict)
     # the scale sources an asymmetric calibration makes uint8 (tuner.simulate.fixed.unsigned_tensors)
     unsigned: frozenset[str] = frozenset()
-    # tensors rounded first on their own calibrated threshold in this dtype, before the int16 point that
-    # reads them (a ConvTranspose's int8 output ahead of hb's separate bias Add, see _bias_split)
-    pre_round: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_subgraphs(self) -> int:
@@ -135,71 +150,39 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         # measured; one BPU Add is enough to pass).
         raise TunerError("hb_mapper refuses this configuration: there is no node on the BPU (\"There is no node "
                          "can execute on BPU in this model\"); keep at least one node on the BPU")
-    groups_list = fusion_groups(graph, target)
-    groups = {n.name: g for g in groups_list for n in g}
+    # Fusion groups, less the Conv+Add(+Relu) groups an int16 residual input unfuses (which changes the
+    # int16 groups in turn: two rounds at most in practice).
+    all_groups = fusion_groups(graph, target)
+    unfused: set[int] = set()
+    while True:
+        rules = _Rules(graph, target, candidate, placement, [g for i, g in enumerate(all_groups) if i not in unfused],
+                       all_int16)
+        wide = rules.spread()
+        newly = {i for i, g in enumerate(all_groups) if i not in unfused and rules.unfuses(g, wide)}
+        if not newly:
+            break
+        unfused |= newly
+    notes += rules.notes
+    fused = rules.fused
 
-    def emits16(node: Node) -> bool:
-        """Whether the tensor a BPU node writes may be int16: the node and, at the end of a fusion
-        group, the group's head (a ConvTranspose+Relu or dilated Conv+Relu group leaves in int8).
-        A chain of LUT ops is one table, whose int16 form exists (HzLut2Layer, x5_op_facts S7):
-        only its last op counts."""
-        group = groups.get(node.name)
-        head = group[0] if group and group[-1].name == node.name else node
-        head_ok = head.op_type in target.lut_ops or target.int16_output(head.op_type, head.proto)
-        return target.int16_output(node.op_type, node.proto) and head_ok
+    # a tensor an op reads that refuses int16 when hb calibrates (GlobalAveragePool) stays int8 for every
+    # reader: one calibration node per tensor (PP-OCRv4 under set_all_nodes_int16: the tensors read by a GAP
+    # and an int16 Mul are int8 in its calibrated model); other refusals come at quantization
+    pinned = {t for n in graph if placement[n.name] == "BPU" and n.op_type in target.int16_refused_at_calibration
+              for _, t in graph.data_inputs(n)}
 
-    def wants_out16(node: Node) -> bool:
-        s = candidate.setting(node.name)
-        asked = s.output_type == INT16 or (all_int16 and target.int16_output(node.op_type, node.proto))
-        if s.output_type == INT16 and not target.int16_output(node.op_type, node.proto):
-            # Modelled on hb_mapper's input warning (x5_op_facts section 3, S8); the output form of
-            # the text has not been seen in a real log.
-            notes.append(f"The output of Node(name:{node.name}, type:{node.op_type}) does not support data type: "
-                         f"int16 (on {target.march}; stays int8, as hb_mapper falls back)")
-            return False
-        return asked and emits16(node)
+    def is16(tensor: str) -> bool:
+        return rules.find(tensor) in wide and tensor not in pinned
 
-    def leaves_in_int32(name: str) -> bool:
-        node = graph.by_name[name]
-        group = groups.get(name)
-        head = group[0] if group and group[-1].name == name else node
-        tail_ok = node.op_type not in ACTIVATIONS
-        return head.op_type in target.int32_output_ops and tail_ok and not target.output_int8_only(head.proto)
-
-    outputs_set = set(graph.output_names)
-
-    def high_precision(node: Node) -> bool:
-        """A BPU node whose output no BPU node reads (its readers are CPU nodes, or it is a model
-        output) leaves the BPU in high precision: a Conv group in int32 (leaves_in_int32), any other op
-        that may emit int16 in int16 with the same threshold (hb's ``<out>_before`` int16 node at a model
-        output). A Sigmoid's or HardSigmoid's table output read only by CPU nodes stays int8 (A2_cpu_addy;
-        PP-OCR's p2o.HardSigmoid.0 before a CPU Mul: int8 at 1.0); at a model output it is int16
-        (``<out>_before`` int16, threshold 0.999985: a toy Conv -> Sigmoid -> output and PP-OCR's
-        detector). Measured on the real toolchain (notes on hmct's placement rules, 1b: A_cpu_conv4,
-        A2_cpu_mulout; the example's ``depth_before`` and ``/Sub_1_output_0`` are int16 in every
-        configuration)."""
-        table_to_cpu = node.op_type in ("Sigmoid", "HardSigmoid") and not any(o in outputs_set for o in node.outputs)
-        if not target.post_calibration or table_to_cpu or not node.outputs \
-                or leaves_in_int32(node.name) or not emits16(node):
-            return False
-        if not target.int16_output(node.op_type, node.proto):
-            return False
-        for o in node.outputs:
-            readers = graph.consumers.get(o, [])
-            if any(placement[c.name] == "BPU" for c, _ in readers) or not (readers or o in outputs_set):
-                return False
-        return True
-
-    out16 = {n.name: placement[n.name] == "BPU" and (wants_out16(n) or high_precision(n)) for n in graph}
-    fused = fused_edges(graph, target)
     edges: dict[tuple[str, int], tuple[str, str]] = {}
     cpu_reads: dict[tuple[str, int], tuple[str, str]] = {}
     in_dtype: dict[str, str] = {}
-    refused: set[tuple[str, int]] = set()
+    out16: dict[str, bool] = {}
+    emitted: dict[str, str] = {}
+    calibrated: dict[tuple[str, int], tuple[str, str]] = {}
     passthrough: dict[tuple[str, int], tuple[str, str]] = {}
     scale_of: dict[str, str] = {}
-    conv_floors: dict[str, tuple[str, str]] = {}
-    pre_round: dict[str, str] = {}
+    refused_out: set[str] = set()
 
     # Tensors already on a quantization grid: outputs of passive BPU ops whose input was
     # quantized. tensor -> (tensor whose scale applies, dtype).
@@ -207,64 +190,86 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     for node in graph:
         s = candidate.setting(node.name)
         on_bpu = placement[node.name] == "BPU"
+        data = graph.data_inputs(node)
+        passive = on_bpu and node.op_type in target.passive_ops and len(data) == 1 and not (
+            (p0 := graph.producer.get(data[0][1])) is not None and (p0.name, node.name) in fused)
         dtypes = []
-        for k, tensor in graph.data_inputs(node):
+        for k, tensor in data:
             producer = graph.producer.get(tensor)
             p_bpu = producer is not None and placement[producer.name] == "BPU"
             if on_bpu:
                 if producer is not None and p_bpu and (producer.name, node.name) in fused:
                     continue
-                asked = s.input_dtype(k) == INT16 or (all_int16 and target.int16_input(node.op_type, k)) \
-                    or _lut_reads_int16(graph, target, node, out16)
-                from_producer = producer is not None and out16[producer.name]
-                # S4: an int16 input asks its producer for an int16 output too; a BPU producer
-                # that cannot give one (Resize, ConvTranspose, ...) makes the request fall back.
-                producer_ok = producer is None or not p_bpu or emits16(producer)
-                bias_add = p_bpu and producer is not None and _bias_split(graph, producer)
                 dtype = INT8
-                if asked or from_producer:
-                    if target.int16_input(node.op_type, k) and (producer_ok or bias_add):
-                        dtype = INT16
-                        if not producer_ok:
-                            pre_round[tensor] = INT8
-                    elif s.input_dtype(k) == INT16 and (node.name, k) not in refused:
-                        refused.add((node.name, k))
-                        if not target.int16_input(node.op_type, k):
-                            # hb_mapper's own warning (x5_op_facts section 3, S8)
-                            notes.append(f"The input{k} of Node(name:{node.name}, type:{node.op_type}) does not "
-                                         f"support data type: int16 (on {target.march}; stays int8, as hb_mapper "
-                                         "falls back)")
-                        elif producer is not None:  # hb_mapper's text for this case is not known
-                            notes.append(f"{node.name} ({node.op_type}): int16 input{k} needs an int16 output of "
-                                         f"{producer.name} ({producer.op_type}), which {target.march} does not "
-                                         "support; stays int8")
+                if is16(tensor) and target.int16_input(node.op_type, k):
+                    dtype = INT16
+                    if producer is not None and p_bpu and not out16[producer.name]:
+                        if passive:
+                            dtype = INT8   # a Slice/Reshape/... passes its producer's int8 values through
+                            calibrated[(node.name, k)] = (tensor, INT16)
+                        else:
+                            emitted[tensor] = INT8   # hb requantizes the producer's int8 output to int16
+                            if producer.name not in refused_out and not all_int16:
+                                refused_out.add(producer.name)
+                                notes.append(f"The output of Node(name:{producer.name}, type:{producer.op_type}) does "
+                                             f"not support data type: int16 (on {target.march}; it stays int8 and is "
+                                             "requantized to int16 for its int16 readers, as hb_mapper does)")
+                    if dtype == INT16 and k == 0 and rules.conv_int16_dropped(node):
+                        dtype = INT8
+                        calibrated[(node.name, k)] = (tensor, INT16)
+                        notes.append(f"the quantization parameters of conv int16 is not supported, the input datatype "
+                                     f"of node:{node.name} will be set back to int8. (hb_mapper's warning at "
+                                     f"quantization on {target.march}; its calibrated model still shows int16)")
+                elif is16(tensor) and node.op_type in THROUGH_SAME_SCALE:
+                    calibrated[(node.name, k)] = (tensor, INT16)   # a Resize: int16 until quantization
+                if dtype == INT8 and s.input_dtype(k) == INT16 and not target.int16_input(node.op_type, k):
+                    # hb_mapper's own warning (x5_op_facts section 3, S8)
+                    notes.append(f"The input{k} of Node(name:{node.name}, type:{node.op_type}) does not "
+                                 f"support data type: int16 (on {target.march}; stays int8, as hb_mapper "
+                                 "falls back)")
                 dtypes.append(dtype)
                 if grid.get(tensor, (None, None))[1] == dtype:
                     passthrough[(node.name, k)] = grid[tensor]
                     continue
                 edges[(node.name, k)] = (tensor, dtype)
-            elif producer is not None and p_bpu and not leaves_in_int32(producer.name):
+            elif producer is not None and p_bpu and not rules.leaves_in_int32(producer.name):
                 cpu_reads[(node.name, k)] = (tensor, INT16 if out16[producer.name] else INT8)
         if on_bpu:
             in_dtype[node.name] = INT16 if INT16 in dtypes else INT8
-            if target.adjust_int16_conv_output and node.op_type == "Conv":
-                _adjust_int16_conv(graph, node, groups, edges, passthrough, out16, emits16, conv_floors)
-            data = graph.data_inputs(node)
-            if len(data) == 1 and not out16[node.name]:
+            if passive:
+                # a passive op writes what it reads: int16 out only from an int16 input
+                out16[node.name] = in_dtype[node.name] == INT16 and any(is16(o) for o in node.outputs)
+            else:
+                out16[node.name] = rules.at_end(node) and any(is16(o) for o in node.outputs if o) \
+                    and rules.emits16(node)
+            if len(data) == 1:
                 k, tensor = data[0]
                 source = edges.get((node.name, k)) or passthrough.get((node.name, k))
                 if source is not None and node.op_type in target.passive_ops:
                     for out in node.outputs:
                         grid[out] = source
-                elif source is not None and node.op_type in target.same_scale_ops:
+                elif source is not None and node.op_type in target.same_scale_ops and not out16[node.name]:
                     for out in node.outputs:
                         scale_of[out] = scale_of.get(source[0], source[0])
         else:
             in_dtype[node.name] = "float"
+            out16[node.name] = False
+    for node in graph:
+        # a fused member reads its group's internal value, which leaves the group in the tail's dtype (hb's
+        # table shows a fused Relu as the HzRequantize of that tensor, in its dtype)
+        if placement[node.name] == "BPU" and node.name in rules.group and rules.group[node.name][0].name != node.name \
+                and not any(
+                    (node.name, k) in edges or (node.name, k) in passthrough for k, _ in graph.data_inputs(node)):
+            in_dtype[node.name] = INT16 if out16[rules.tail(node).name] else INT8
 
     # One quantizer per tensor (measured, notes 1a): a CPU node reads a tensor that a BPU node also reads
     # as that BPU node reads it (the same int8/int16 values), whoever produced it: a model input too.
-    quantized_as = {t: d for t, d in edges.values()} if target.post_calibration else {}
+    # (int16 when its calibration is: a Conv that hb set back to int8 reads it through a requantize.)
+    quantized_as: dict[str, str] = {}
+    if target.post_calibration:
+        for t, d in edges.values():
+            if quantized_as.get(t) != INT16:
+                quantized_as[t] = d
     for node in graph:
         if placement[node.name] == "BPU":
             continue
@@ -276,7 +281,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     model_out16 = "set_model_output_int16" in opts
     for out in graph.output_names:
         producer = graph.producer.get(out)
-        if producer is None or placement[producer.name] != "BPU" or leaves_in_int32(producer.name):
+        if producer is None or placement[producer.name] != "BPU" or rules.leaves_in_int32(producer.name):
             continue
         outputs[out] = INT16 if (out16[producer.name] or model_out16) else INT8
 
@@ -286,11 +291,13 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     for node in graph:
         if placement[node.name] != "BPU":
             out_dtype[node.name] = "float"
-        elif leaves_in_int32(node.name) and not any(
-                placement[c.name] == "BPU" for o in node.outputs for c, _ in graph.consumers.get(o, [])):
+        elif rules.int32_out(node):
             out_dtype[node.name] = "int32"
         else:
             out_dtype[node.name] = INT16 if out16[node.name] else INT8
+    for node in graph:   # a fused member's output is the group's: it leaves in the tail's dtype
+        if placement[node.name] == "BPU" and not rules.at_end(node):
+            out_dtype[node.name] = out_dtype[rules.tail(node).name]
 
     weights = [n.name for n in graph if placement[n.name] == "BPU" and n.op_type in target.weight_ops
                and len(n.inputs) > target.weight_ops[n.op_type][0]
@@ -301,55 +308,201 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     derived: dict[str, Derived] = {}
     unsigned: frozenset[str] = frozenset()
     if target.post_calibration:
-        scale_of = threshold_sources(graph, target, candidate, placement, scale_of)
-        _int16_groups(graph, target, edges, passthrough, scale_of, in_dtype)
+        scale_of = threshold_sources(graph, target, candidate, placement, scale_of, fused)
         rounded = {t for t, _ in list(edges.values()) + list(cpu_reads.values())} | set(outputs)
         fixed, derived = fixed_thresholds(graph, target, placement, edges, passthrough, scale_of, rounded)
-        unsigned = unsigned_tensors(graph, target, placement, list(groups_list), edges, passthrough, scale_of)
+        groups_in_effect = [g for i, g in enumerate(all_groups) if i not in unfused]
+        unsigned = unsigned_tensors(graph, target, placement, groups_in_effect, edges, passthrough, scale_of)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
-                scale_of=scale_of, notes=notes, conv_floors=conv_floors, softmax=softmax, internal=internal,
-                fixed=fixed, derived=derived, unsigned=unsigned, pre_round=pre_round)
-
-
-def _int16_groups(graph: Graph, target: Target, edges: dict[tuple[str, int], tuple[str, str]],
-                  passthrough: dict[tuple[str, int], tuple[str, str]], scale_of: dict[str, str],
-                  in_dtype: dict[str, str]) -> None:
-    """One quantizer per threshold group: when a tensor of a group (hb's shared thresholds, or one tensor
-    read by several nodes) is quantized in int16 anywhere, every BPU reader that may take int16 reads it
-    in int16 (measured: int16 on one of the example's input Slices makes the input and every Slice output
-    int16 at the input's threshold, and the Slices' consumers read int16: B_s1_16, the example's best.yaml)."""
-    wide = {scale_of.get(t, t) for t, d in list(edges.values()) + list(passthrough.values()) if d == INT16}
-    if not wide:
-        return
-    for (name, k), (tensor, dtype) in list(edges.items()):
-        node = graph.by_name.get(name)
-        if dtype == INT8 and node is not None and scale_of.get(tensor, tensor) in wide \
-                and target.int16_input(node.op_type, k):
-            edges[(name, k)] = (tensor, INT16)
-            in_dtype[name] = INT16
+                scale_of=scale_of, notes=notes, emitted=emitted, calibrated=calibrated, softmax=softmax,
+                internal=internal, fixed=fixed, derived=derived, unsigned=unsigned)
 
 
 #: LUT ops that are arithmetic with a constant rather than a table of a function: not covered by
-#: _lut_reads_int16 (an int16 Sub by a constant at a model output has not been measured).
+#: _Rules.reads_int16_table (an int16 Sub by a constant at a model output has not been measured).
 ARITHMETIC_LUTS = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Relu", "LeakyRelu", "Pow"})
 
 
-def _lut_reads_int16(graph: Graph, target: Target, node: Node, out16: dict[str, bool]) -> bool:
-    """A function table (Sigmoid, Abs, ...) whose output is int16 reads its input in int16 too (its
-    int16 table, HzLut2Layer): measured for a Sigmoid at a model output (PP-OCR's detector, a toy
-    Conv -> Sigmoid: input int16 at 11.0903) and for Abs (notes on hmct's placement rules,
-    A2_cpu_mulout); the other function tables inferred alike."""
-    return out16.get(node.name, False) and node.op_type in target.lut_ops \
-        and node.op_type not in ARITHMETIC_LUTS and len(graph.data_inputs(node)) == 1
+class _Rules:
+    """hb_mapper's dtype rules for one candidate on one graph: its fusion groups (``groups``, without the
+    ones an int16 residual input unfuses), what each BPU node may emit, and the int16 groups."""
 
+    def __init__(self, graph: Graph, target: Target, candidate: Candidate, placement: dict[str, str],
+                 groups: list[list[Node]], all_int16: bool):
+        self.graph, self.target, self.candidate, self.placement = graph, target, candidate, placement
+        self.all_int16 = all_int16
+        self.group = {n.name: g for g in groups for n in g}
+        self.fused = {(a.name, b.name) for g in groups for a, b in zip(g, g[1:])}
+        self.notes: list[str] = []
+        self.parent: dict[str, str] = {}
+        self.outputs = set(graph.output_names)
 
-def _bias_split(graph: Graph, node: Node) -> bool:
-    """A ConvTranspose with a bias, which emits int8 only: hb_mapper keeps its bias as an Add of its own
-    when the reader wants int16 (PP-OCR's detector: ``HzSQuantizedConvTranspose`` int8 at its output
-    threshold 140.33, then ``HzSElementwiseAdd`` ``output_bit 16`` feeding the int16 Sigmoid). The int16
-    reader is granted, and the tensor is rounded to int8 on its own threshold first (``Plan.pre_round``)."""
-    return node.op_type == "ConvTranspose" and len(node.inputs) > 2 and bool(node.inputs[2])
+    # -- what a node may emit ----------------------------------------------------------------
+    def tail(self, node: Node) -> Node:
+        group = self.group.get(node.name)
+        return group[-1] if group else node
+
+    def at_end(self, node: Node) -> bool:
+        return self.tail(node).name == node.name
+
+    def emits16(self, node: Node) -> bool:
+        """Whether the tensor a BPU node writes may be int16: the node and, at the end of a fusion
+        group, the group's head (a ConvTranspose+Relu or dilated Conv+Relu group leaves in int8).
+        A chain of LUT ops is one table, whose int16 form exists (HzLut2Layer, x5_op_facts S7):
+        only its last op counts."""
+        group = self.group.get(node.name)
+        head = group[0] if group and group[-1].name == node.name else node
+        head_ok = head.op_type in self.target.lut_ops or self.target.int16_output(head.op_type, head.proto)
+        return self.target.int16_output(node.op_type, node.proto) and head_ok
+
+    def wants_out16(self, node: Node) -> bool:
+        """An OutputType int16 (or set_all_nodes_int16) the node's group can honour: its tail's output.
+        A fused Conv's OutputType reaches the output of its Relu (measured: OutputType int16 on a
+        Conv+Add+Relu's Conv makes the Relu output int16)."""
+        s = self.candidate.setting(node.name)
+        tail = self.tail(node)
+        if s.output_type == INT16 and not (self.target.int16_output(node.op_type, node.proto) and self.emits16(tail)):
+            self.notes.append(f"The output of Node(name:{node.name}, type:{node.op_type}) does not support data type: "
+                              f"int16 (on {self.target.march}; stays int8, as hb_mapper falls back)")
+            return False
+        asked = s.output_type == INT16 or (self.all_int16 and self.target.int16_output(node.op_type, node.proto))
+        return asked and self.emits16(tail)
+
+    def leaves_in_int32(self, name: str) -> bool:
+        node = self.graph.by_name[name]
+        group = self.group.get(name)
+        head = group[0] if group and group[-1].name == name else node
+        tail_ok = node.op_type not in ACTIVATIONS
+        return head.op_type in self.target.int32_output_ops and tail_ok and not self.target.output_int8_only(head.proto)
+
+    def int32_out(self, node: Node) -> bool:
+        """The node (a fusion group's tail) leaves the BPU as its int32 accumulator: no BPU node reads it."""
+        return self.leaves_in_int32(node.name) and not any(
+            self.placement[c.name] == "BPU" for o in node.outputs for c, _ in self.graph.consumers.get(o, []))
+
+    def high_precision(self, node: Node) -> bool:
+        """A BPU node whose output no BPU node reads (its readers are CPU nodes, or it is a model
+        output) leaves the BPU in high precision: a Conv group in int32 (leaves_in_int32), any other op
+        that may emit int16 in int16 with the same threshold (hb's ``<out>_before`` int16 node at a model
+        output). A Sigmoid's or HardSigmoid's table output read only by CPU nodes stays int8 (A2_cpu_addy;
+        PP-OCR's p2o.HardSigmoid.0 before a CPU Mul: int8 at 1.0); at a model output it is int16
+        (``<out>_before`` int16, threshold 0.999985: a toy Conv -> Sigmoid -> output and PP-OCR's
+        detector). Measured on the real toolchain (notes on hmct's placement rules, 1b: A_cpu_conv4,
+        A2_cpu_mulout; the example's ``depth_before`` and ``/Sub_1_output_0`` are int16 in every
+        configuration)."""
+        table_to_cpu = node.op_type in ("Sigmoid", "HardSigmoid") and not any(o in self.outputs for o in node.outputs)
+        if not self.target.post_calibration or table_to_cpu or not node.outputs \
+                or self.leaves_in_int32(node.name) or not self.emits16(node):
+            return False
+        if not self.target.int16_output(node.op_type, node.proto):
+            return False
+        for o in node.outputs:
+            readers = self.graph.consumers.get(o, [])
+            if any(self.placement[c.name] == "BPU" for c, _ in readers) or not (readers or o in self.outputs):
+                return False
+        return True
+
+    # -- the int16 groups --------------------------------------------------------------------
+    def find(self, t: str) -> str:
+        self.parent.setdefault(t, t)
+        while self.parent[t] != t:
+            self.parent[t] = self.parent[self.parent[t]]
+            t = self.parent[t]
+        return t
+
+    def spread(self) -> set[str]:
+        """The roots of the int16 groups: hb's threshold groups (a pass-through op joins its input and
+        outputs, a Concat every input and its output) with an int16 request on any member. Measured on
+        hb_mapper 1.24.3 (notes on hmct's placement rules, 3a; the example's int16_2convs: int16 on
+        ``/stem/conv/Conv``'s input makes the model input, its three Slices, the Concat they feed and the
+        lowered ``/Mul`` int16, and on ``/fuse/conv/Conv``'s output the Resize input two Concats away).
+        A request is an InputType (or set_all_nodes_int16) an input may take, an OutputType the producer
+        may honour, or hb's high-precision output of a tensor no BPU node reads."""
+        g, target = self.graph, self.target
+        through = set(target.passive_ops) | THROUGH_SAME_SCALE
+        self.parent = {}
+
+        def bpu(name: str) -> bool:
+            return self.placement[name] == "BPU"
+
+        for node in g:
+            data = g.data_inputs(node)
+            if node.op_type in through and data and node.outputs:
+                t = data[0][1]
+                p = g.producer.get(t)
+                if p is not None and (p.name, node.name) in self.fused:
+                    continue
+                if bpu(node.name) or (node.op_type in SPLIT_OPS and any(bpu(c.name) for c, _ in g.consumers.get(t, []))):
+                    for o in node.outputs:
+                        self.parent[self.find(o)] = self.find(t)
+            elif node.op_type == "Concat" and bpu(node.name) and node.outputs:
+                for _, t in data:
+                    self.parent[self.find(t)] = self.find(node.outputs[0])
+        seeds: set[str] = set()
+        for node in g:
+            if not bpu(node.name):
+                continue
+            s = self.candidate.setting(node.name)
+            for k, t in g.data_inputs(node):
+                p = g.producer.get(t)
+                if p is not None and (p.name, node.name) in self.fused:
+                    continue
+                asked = s.input_dtype(k) == INT16 or (self.all_int16 and target.int16_input(node.op_type, k))
+                if asked and target.int16_input(node.op_type, k):
+                    seeds.add(t)
+            if self.wants_out16(node) or (self.at_end(node) and self.high_precision(node)):
+                seeds.update(o for o in self.tail(node).outputs if o)
+                if self.reads_int16_table(node):
+                    seeds.add(g.data_inputs(node)[0][1])
+        return {self.find(t) for t in seeds}
+
+    def reads_int16_table(self, node: Node) -> bool:
+        """A function table (Sigmoid, Abs, ...) whose output is int16 reads its input in int16 too (its
+        int16 table, HzLut2Layer): measured for a Sigmoid at a model output (PP-OCR's detector, a toy
+        Conv -> Sigmoid: input int16 at 11.0903) and for Abs (notes on hmct's placement rules,
+        A2_cpu_mulout); the other function tables inferred alike."""
+        return node.op_type in self.target.lut_ops and node.op_type not in ARITHMETIC_LUTS \
+            and len(self.graph.data_inputs(node)) == 1 and self.target.int16_input(node.op_type, 0)
+
+    def unfuses(self, group: list[Node], wide: set[str]) -> bool:
+        """An int16 input of a fused residual Add unfuses Conv+Add(+Relu): the Conv's output gets its own
+        calibration, the Add is an element-wise op, the Relu a LUT (measured with a toy Conv+Add+Relu on
+        hb_mapper 1.24.3: InputType int16 on the Conv, whose input is the residual, or on the Add, or
+        OutputType int16 on the residual's producer; not OutputType on the Add or the Relu. The example
+        under set_all_nodes_int16: ``/enc2/enc2.1/Add`` ``HzSElementwiseAdd``, its Relu ``HzLut2Layer``)."""
+        for i, n in enumerate(group):
+            if n.op_type != "Add" or i == 0:
+                continue
+            s = self.candidate.setting(n.name)
+            for k, t in self.graph.data_inputs(n):
+                p = self.graph.producer.get(t)
+                if s.input_dtype(k) == INT16 or (not (p is not None and p.name == group[i - 1].name)
+                                                 and self.find(t) in wide):
+                    return True
+        return False
+
+    def conv_int16_dropped(self, node: Node) -> bool:
+        """hb_mapper sets a Conv's int16 input back to int8 at quantization ("the quantization parameters
+        of conv int16 is not supported"; the calibrated model keeps int16) when the march's table says
+        so (``conv_int16_input_drop``): on X5 a depthwise Conv with a stride above 1 and a Conv leaving
+        the BPU in int32 with more than 256 taps (Cin/group x kh x kw), see search_spaces/targets."""
+        rule = self.target.conv_int16_input_drop
+        if not rule or node.op_type != "Conv" or len(node.inputs) < 2 or node.inputs[1] not in self.graph.initializers:
+            return False
+        dims = tuple(self.graph.initializers[node.inputs[1]].dims)
+        if len(dims) < 3:
+            return False
+        group = int(node.attr("group", 1))
+        strides = list(node.attr("strides", [1]))
+        stride_limit = rule.get("depthwise_max_stride")
+        if stride_limit is not None and group > 1 and dims[1] == 1 and max(strides) > stride_limit:
+            return True
+        taps = rule.get("int32_output_max_taps")
+        if taps is not None and int(np.prod(dims[1:])) > taps:
+            tail = self.tail(node)
+            return self.int32_out(tail)
+        return False
 
 
 def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, str]
@@ -370,30 +523,6 @@ def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, 
                             ((part["mul"], 0), e), ((part["reciprocal"], 0), s), ((part["mul"], 1), r)):
             internal[key] = (tensor, dtype)
     return softmax, internal
-
-
-def _adjust_int16_conv(graph: Graph, node: Node, groups: dict[str, list[Node]], edges: dict[tuple[str, int], tuple[str, str]],
-                       passthrough: dict[tuple[str, int], tuple[str, str]], out16: dict[str, bool],
-                       emits16: Callable[[Node], bool], floors: dict[str, tuple[str, str]]) -> None:
-    """hb_mapper's ``AdjustConvQuantParams`` (bayes, bayes-e): a Conv whose input is int16 gets an
-    int16 output, whose threshold is raised to at least max(weight threshold) x input threshold.
-
-    Source: horizon_nn 24629886507 (hb_quantizer_facts 3.3). That Python pass calls C++, so the
-    exact floor is the note's reading, not read from the arithmetic. The output is the tensor
-    after the Conv's fusion group (Conv+Relu, Conv+Add: where its calibration node sits); a Conv
-    that may only emit int8 (dilated) keeps an int8 output but still gets the floor. The floor
-    itself is applied where the simulated model looks up the tensor's scale (``conv_floors``).
-    """
-    source = edges.get((node.name, 0)) or passthrough.get((node.name, 0))
-    if source is None or source[1] != INT16:
-        return
-    group = groups.get(node.name)
-    tail = group[-1] if group and group[0].name == node.name else node
-    if emits16(tail):
-        out16[tail.name] = True
-    if len(node.inputs) > 1 and node.inputs[1] in graph.initializers:
-        for out in tail.outputs:
-            floors[out] = (source[0], node.inputs[1])
 
 
 def _subgraphs(graph: Graph, placement: dict[str, str]) -> dict[str, int]:

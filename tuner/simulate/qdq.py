@@ -23,7 +23,7 @@ from tuner.graph import Graph, Node, Target
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
 from tuner.simulate.plan import Plan
-from tuner.simulate.scales import PlanScales, Scale, Scales, floor_threshold
+from tuner.simulate.scales import PlanScales, Scale, Scales
 
 MS = "com.microsoft"
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
@@ -275,18 +275,14 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         if s.axis is None and channel:   # per-tensor after all: share the per-tensor point
             made[key] = quantized(tensor, dtype, source)
             return made[key]
-        if tensor in plan.conv_floors:   # AdjustConvQuantParams (bayes, bayes-e), see plan._adjust_int16_conv
-            conv_in, w_name = plan.conv_floors[tensor]
-            t_in = scales.get(plan.scale_of.get(conv_in, conv_in), "int16").threshold
-            if ("wthr", w_name) not in memo:   # max |w| per output channel, hb_mapper's weight threshold
-                w = numpy_helper.to_array(graph.initializers[w_name])
-                memo[("wthr", w_name)] = np.abs(w.reshape(w.shape[0], -1)).max(axis=1).astype(np.float64)
-            s = floor_threshold(s, memo[("wthr", w_name)] * t_in, dtype)
         src = source or tensor
         after = src
-        pre = plan.pre_round.get(tensor)
-        if pre is not None and pre != dtype:   # the producer's own rounding first (plan._bias_split)
-            src = emit(f"{tensor}__pre", pre, src, own_scales.get(tensor, pre), after)
+        pre = plan.emitted.get(tensor)
+        if pre is not None and pre != dtype:
+            # the producer emits another dtype (a Resize's or a ConvTranspose's int8 read in int16): hb rounds
+            # to it on the producer's calibrated threshold first (PP-OCR: int8 at the ConvTranspose's own
+            # 140.33 ahead of the int16 Sigmoid input), then requantizes
+            src = emit(f"{tensor}__pre", pre, src, own_scales.get(plan.scale_of.get(tensor, tensor), pre), after)
         made[key] = emit(tensor, dtype, src, s, after)
         return made[key]
 

@@ -152,9 +152,8 @@ def real_plan(plan: Plan, graph: Graph, real: MappedThresholds) -> Plan:
       a tensor keeps tuner's plan and tuner's scale for the YAML's calibration (:class:`RealScales`'
       fallback), as every tensor does in a search around the real thresholds.
 
-    A rounded tensor takes its own node's scale, not one lent by a same-scale op upstream, and
-    tuner's AdjustConvQuantParams floor does not apply to it: the real threshold already is the
-    result. BPU Softmax parts keep tuner's plan.
+    A rounded tensor takes its own node's scale, not one lent by a same-scale op upstream.
+    BPU Softmax parts keep tuner's plan.
     """
     def rounding(tensor: str) -> HzNode | None:
         return next((n for n in real.activations.get(tensor, ()) if n.quantizes), None)
@@ -194,8 +193,7 @@ def real_plan(plan: Plan, graph: Graph, real: MappedThresholds) -> Plan:
     own = {t for t in real.activations if rounding(t) is not None}
     return replace(without_real_rules(plan, real), edges=edges, cpu_reads=cpu_reads, passthrough=passthrough,
                    outputs=outputs, scale_of={t: v for t, v in plan.scale_of.items() if t not in own},
-                   conv_floors={t: v for t, v in plan.conv_floors.items() if t not in own},
-                   pre_round={t: v for t, v in plan.pre_round.items() if t not in own}, notes=list(plan.notes))
+                   emitted={t: v for t, v in plan.emitted.items() if t not in own}, notes=list(plan.notes))
 
 
 def without_real_rules(plan: Plan, real: MappedThresholds) -> Plan:

@@ -210,24 +210,3 @@ class PlanScales:
     def threshold(self, tensor: str, dtype: str = "int8") -> float:
         return self.get(tensor, dtype).threshold
 
-
-def floor_threshold(s: Scale, floor: np.ndarray, dtype: str) -> Scale:
-    """``s`` with its threshold(s) raised to at least ``floor`` (hb_mapper's AdjustConvQuantParams).
-
-    ``floor`` is per output channel (max|w_c| x input threshold); a per-tensor scale takes its
-    max, a per-channel one (axis 1, one entry per channel) each channel's own. Asymmetric uint8
-    scales are returned unchanged: the pass concerns int16 outputs, which are never asymmetric.
-    """
-    if np.asarray(s.zero_point).dtype == np.uint8:
-        return s
-    qmax = QMAX[dtype]
-    floor = np.asarray(floor, np.float64).ravel()
-    t = max(s.threshold, float(floor.max()))
-    scale: np.ndarray | np.floating[Any]
-    if s.axis is not None and np.size(s.scale) == floor.size:
-        scale = np.maximum(np.asarray(s.scale, np.float64), floor / qmax).astype(np.float32)
-    elif s.axis is not None:
-        scale = np.maximum(np.asarray(s.scale, np.float64), floor.max() / qmax).astype(np.float32)
-    else:
-        scale = np.float32(max(float(s.scale), float(floor.max()) / qmax))
-    return Scale(scale, s.zero_point, s.axis, t)

@@ -14,7 +14,8 @@ toolchain (hb_mapper 1.24.3, hmct 1.1.0) on controlled models, from the calibrat
 * **Concat.** A Concat input that only the Concat reads joins the Concat's output (its producer
   quantizes straight at the Concat's scale); an input another op reads keeps its own threshold and
   is requantized to the Concat's (``HzRequantize``), which the consumer's rounding of the Concat output
-  models.
+  models; so is one whose group reaches the input of a Relu that is not fused into its producer (a
+  table on the BPU, whose input keeps its own calibration; the example under set_all_nodes_int16).
 * **The group's threshold.** The group's root (the tensor no member produces) when it has a
   calibration node of its own: a compute op on the BPU reads it directly, or one of its pass-through
   readers carries a ``node_info`` entry other than ``ON: CPU`` (an ``InputType``, ``OutputType`` or
@@ -32,7 +33,7 @@ to the end of each chain, merged into :attr:`tuner.simulate.plan.Plan.scale_of`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from tuner.candidate import Candidate
 from tuner.graph import Graph, Target
@@ -60,8 +61,15 @@ class _Groups:
             self.parent[rb] = ra
 
 
-def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement: Mapping[str, str]) -> dict[str, str]:
-    """tensor -> the group member whose threshold it takes (only tensors of groups of two or more)."""
+def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement: Mapping[str, str],
+                  fused: Collection[tuple[str, str]] = ()) -> dict[str, str]:
+    """tensor -> the group member whose threshold it takes (only tensors of groups of two or more).
+
+    ``fused``: (producer, reader) edges inside fusion groups. A Relu that is not fused into its producer
+    is a table on the BPU (hb's ``HzLut`` / ``HzLut2Layer`` rows): it joins its input's group but its input
+    keeps a calibration of its own, which the group then takes (measured: the example under
+    set_all_nodes_int16, whose int16 residual unfuses ``/enc4/enc4.1`` Conv+Add+Relu, gives the Relu, the
+    Resize after it and ``/Concat_2`` the Add output's threshold 6.49927, not the Concat's 10.94)."""
     through = set(target.passive_ops) | THROUGH_SAME_SCALE
     entries = {name for name, s in candidate.nodes if s.on != "CPU" and s.to_dict()}
     order = {n.name: i for i, n in enumerate(graph)}
@@ -70,6 +78,22 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
 
     def has_bpu_reader(t: str) -> bool:
         return any(placement[c.name] == "BPU" for c, _ in graph.consumers.get(t, []))
+
+    def own_root(t: str) -> bool:
+        """``t`` reaches (through pass-through ops) a tensor a table Relu reads, which keeps its threshold: a
+        Concat input so calibrated is requantized to the Concat's scale, not joined (the example under
+        set_all_nodes_int16: ``/up/Resize_output_0`` 6.49927, ``/up/Resize_output_0_calibrated_Requantize``,
+        ``/Concat_2`` output 10.9431)."""
+        root = groups.find(t)
+        return any(groups.find(m) == root and any(c.name in tables for c, _ in graph.consumers.get(m, []))
+                   for m in list(groups.parent))
+
+    fused_pairs = set(fused)
+    tables = set()
+    for n in graph:
+        p = graph.producer.get(n.inputs[0]) if n.op_type == "Relu" and n.inputs else None
+        if p is not None and placement[n.name] == "BPU" and (p.name, n.name) not in fused_pairs:
+            tables.add(n.name)
 
     for node in graph:
         data = graph.data_inputs(node)
@@ -81,7 +105,7 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
                 joined.add((node.name, t))
         elif node.op_type == "Concat" and placement[node.name] == "BPU" and node.outputs:
             for _, t in data:
-                if len(graph.consumers.get(t, [])) == 1:
+                if len(graph.consumers.get(t, [])) == 1 and not own_root(t):
                     groups.union(node.outputs[0], t)
                     joined.add((node.name, t))
     # outputs of the joining nodes: a member they write is derived from the group, not its root
@@ -97,7 +121,7 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
 
         def calibrated(t: str) -> bool:
             for c, _ in graph.consumers.get(t, []):
-                if placement[c.name] == "BPU" and (c.name, t) not in joined:
+                if placement[c.name] == "BPU" and ((c.name, t) not in joined or c.name in tables):
                     return True
             return False
 
@@ -119,11 +143,11 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
 
 
 def threshold_sources(graph: Graph, target: Target, candidate: Candidate, placement: Mapping[str, str],
-                      scale_of: Mapping[str, str]) -> dict[str, str]:
+                      scale_of: Mapping[str, str], fused: Collection[tuple[str, str]] = ()) -> dict[str, str]:
     """``scale_of`` (a plan's same-scale links) with hb's threshold sharing, every entry resolved to
     the tensor at the end of its chain. The groups win over the same-scale links they cover."""
     links = dict(scale_of)
-    links.update(shared_groups(graph, target, candidate, placement))
+    links.update(shared_groups(graph, target, candidate, placement, fused))
 
     def resolve(t: str) -> str:
         seen = {t}

@@ -133,6 +133,9 @@ class Simulator:
         self._choices: dict[tuple[Any, ...], DefaultChoice | MixedCalibration] = {}
         self._scale_tables: dict[Resolved, Scales] = {}
         self.real: MappedThresholds | None = None   # hb_mapper's real thresholds (use_thresholds), else None
+        # simulate hb's calibrated model (what its log's tables are computed on) instead of its quantized one:
+        # the int16 inputs it sets back to int8 only at quantization stay int16 (Plan.as_calibrated)
+        self.calibrated_model = False
         self.real_honour_qtypes = True
         self.session_builds = 0
         self.search_evaluations = 0    # model runs of default's / mix's method comparison (not mix's per-node ones)
@@ -291,6 +294,8 @@ class Simulator:
         """The candidate's plan; under real thresholds whose qtypes are honoured (``eval --thresholds``),
         with hb_mapper's quantization points from its calibrated model (realscales.real_plan)."""
         plan = make_plan(self.graph, self.target, candidate)
+        if self.calibrated_model:
+            plan = plan.as_calibrated()
         if isinstance(calibration, RealCalibration):
             plan = real_plan(plan, self.graph, calibration.real) if calibration.honour_qtypes \
                 else without_real_rules(plan, calibration.real)

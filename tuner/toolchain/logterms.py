@@ -47,9 +47,12 @@ class LogFigures:
 
 def log_simulator(ws) -> Simulator:
     """A simulator of the workspace's model on its first LOG_SAMPLES calibration samples (the
-    workspace's calibration statistics and thresholds, so every threshold is the same)."""
+    workspace's calibration statistics and thresholds, so every threshold is the same), of hb's
+    calibrated model (int16 that hb drops only at quantization kept: Plan.as_calibrated)."""
     data = dataset_from_config(ws.config.inputs, ws.model.input_shapes, limit=LOG_SAMPLES)
-    return Simulator(ws.model, ws.target, ws.stats, data, ws.threads, thresholds=ws.thresholds)
+    sim = Simulator(ws.model, ws.target, ws.stats, data, ws.threads, thresholds=ws.thresholds)
+    sim.calibrated_model = True   # the log's tables are computed on hb's calibrated model
+    return sim
 
 
 def log_figures(sim: Simulator, candidate: Candidate) -> LogFigures:
