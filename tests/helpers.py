@@ -166,15 +166,23 @@ study:
     return space
 
 
-def write_reciprocal_project(root: Path, n: int = 6) -> Path:
-    """x -> Reciprocal -> y. Channel 0 holds values ~0.005, channel 1 ~50: one per-tensor int8
-    scale rounds channel 0 to 0 and the quantized model outputs inf; per-channel scales do not."""
+def write_reciprocal_project(root: Path, n: int = 6, conv: bool = False) -> Path:
+    """x -> Relu -> Reciprocal -> y. Channel 0 holds values ~0.005, channel 1 ~50: one per-tensor int8
+    scale rounds channel 0 to 0 and the quantized model outputs inf; per-channel scales do not.
+    ``conv``: an identity 1x1 Conv after the Reciprocal writes y, so that the Reciprocal's output is
+    read by a BPU node (int8) instead of leaving the BPU in high precision (which makes the table and
+    its input int16, as hb_mapper does at a model output)."""
     root.mkdir(parents=True, exist_ok=True)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="/relu"),
-             helper.make_node("Reciprocal", ["r"], ["y"], name="/reciprocal")]
-    model = helper.make_model(helper.make_graph(nodes, "recip", [x], [y]), opset_imports=[helper.make_opsetid("", 11)])
+             helper.make_node("Reciprocal", ["r"], ["q" if conv else "y"], name="/reciprocal")]
+    inits = []
+    if conv:
+        inits = [numpy_helper.from_array(np.eye(2, dtype=np.float32).reshape(2, 2, 1, 1), "w")]
+        nodes.append(helper.make_node("Conv", ["q", "w"], ["y"], name="/conv"))
+    model = helper.make_model(helper.make_graph(nodes, "recip", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7
     onnx.save(model, str(root / "recip.onnx"))
     (root / "cal").mkdir(exist_ok=True)

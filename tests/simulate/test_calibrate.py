@@ -176,10 +176,10 @@ def test_the_score_reads_only_the_first_calibration_sample(tiny, tmp_path):
 def test_default_scores_a_per_channel_method_as_its_per_tensor_twin(tmp_path):
     """hmct's comparison gave every per-channel method exactly its per-tensor twin's score on the real
     toolchain (observed by wrapping it; its per-channel kl runs the per-tensor kernel), so on the
-    reciprocal model (x -> Relu -> Reciprocal, channel 0 ~0.005 and channel 1 ~50), where plain
+    reciprocal model (x -> Relu -> Reciprocal -> Conv, channel 0 ~0.005 and channel 1 ~50), where plain
     per-channel fake quant would rescue channel 0, the twins tie and the tie rule (alphabetically first
     method string) selects the per-tensor one: default never selects per_channel."""
-    ws = Workspace.open(write_reciprocal_project(tmp_path / "r"))
+    ws = Workspace.open(write_reciprocal_project(tmp_path / "r", conv=True))
     sim = ws.simulator
     choice = sim.choice(Candidate.make(Calibration("default")))
     scores = dict(choice.scores)

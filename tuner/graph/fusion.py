@@ -52,29 +52,13 @@ def _fusion_groups(graph: Graph, target: Target) -> list[list[Node]]:
         if best:
             groups.append(best)
             taken.update(n.name for n in best)
-    # Chains of single-input element-wise ops evaluate as one lookup table.
-    for node in graph:
-        if node.name in taken or not _unary(graph, node, target):
-            continue
-        chain = [node]
-        while True:
-            last = chain[-1]
-            users = graph.consumers.get(last.outputs[0], [])
-            if len(users) != 1 or last.outputs[0] in graph.output_names:
-                break
-            nxt = users[0][0]
-            if nxt.name in taken or not _unary(graph, nxt, target):
-                break
-            chain.append(nxt)
-        if len(chain) > 1:
-            groups.append(chain)
-            taken.update(n.name for n in chain)
+    # Single-input element-wise ops are not chained into one table: hb_mapper runs each as its own HzLut
+    # with a calibration node between them (measured on hb_mapper 1.24.3 with toy models at O0: Conv ->
+    # Abs -> Sigmoid, Sigmoid -> Sigmoid and Tanh -> Exp each quantize the tensor between the two tables,
+    # e.g. 5.499 between two Sigmoids and 1.0 between Tanh and Exp; and PP-OCRv4's ConvTranspose -> Add of
+    # a constant -> Sigmoid runs the Add as HzSElementwiseAdd with an int16 output, then the Sigmoid).
     groups.sort(key=lambda g: g[0].index)
     return groups
-
-
-def _unary(graph: Graph, node: Node, target: Target) -> bool:
-    return node.op_type in target.lut_ops and len(graph.data_inputs(node)) == 1 and len(node.outputs) == 1
 
 
 def fused_edges(graph: Graph, target: Target) -> set[tuple[str, str]]:

@@ -78,7 +78,7 @@ def fixed_thresholds(graph: Graph, target: Target, placement: Mapping[str, str],
             return k, t, edges[(node.name, k)], False
         if (node.name, k) in passthrough:
             return k, t, passthrough[(node.name, k)], True
-        return None            # not a quantization point (inside a fusion or LUT chain)
+        return None            # not a quantization point (inside a fusion group)
 
     def keep_own(tensor: str, value: Fixed | Derived) -> None:
         """``tensor`` keeps its own threshold unless its group's source has the same one."""

@@ -209,7 +209,9 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                             calibrated[(node.name, k)] = (tensor, INT16)
                         else:
                             emitted[tensor] = INT8   # hb requantizes the producer's int8 output to int16
-                            if producer.name not in refused_out and not all_int16:
+                            # (a pass-through producer only passes on another's int8: that one was named)
+                            if producer.name not in refused_out and not all_int16 \
+                                    and producer.op_type not in target.passive_ops:
                                 refused_out.add(producer.name)
                                 notes.append(f"The output of Node(name:{producer.name}, type:{producer.op_type}) does "
                                              f"not support data type: int16 (on {target.march}; it stays int8 and is "

@@ -282,7 +282,12 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             # the producer emits another dtype (a Resize's or a ConvTranspose's int8 read in int16): hb rounds
             # to it on the producer's calibrated threshold first (PP-OCR: int8 at the ConvTranspose's own
             # 140.33 ahead of the int16 Sigmoid input), then requantizes
-            src = emit(f"{tensor}__pre", pre, src, own_scales.get(plan.scale_of.get(tensor, tensor), pre), after)
+            origin = plan.scale_of.get(tensor, tensor)
+            own = own_scales.get(origin, pre)
+            if own.threshold == scales.get(origin, pre).threshold:
+                src = quantized(tensor, pre, source)     # the int8 point other readers share
+            else:                                        # a fixed threshold for the reader, not the producer
+                src = emit(f"{tensor}__pre", pre, src, own, after)
         made[key] = emit(tensor, dtype, src, s, after)
         return made[key]
 
