@@ -166,22 +166,29 @@ study:
     return space
 
 
-def write_reciprocal_project(root: Path, n: int = 6, conv: bool = False) -> Path:
+def write_reciprocal_project(root: Path, n: int = 6, conv: bool = False, tap: bool = False) -> Path:
     """x -> Relu -> Reciprocal -> y. Channel 0 holds values ~0.005, channel 1 ~50: one per-tensor int8
     scale rounds channel 0 to 0 and the quantized model outputs inf; per-channel scales do not.
     ``conv``: an identity 1x1 Conv after the Reciprocal writes y, so that the Reciprocal's output is
     read by a BPU node (int8) instead of leaving the BPU in high precision (which makes the table and
-    its input int16, as hb_mapper does at a model output)."""
+    its input int16, as hb_mapper does at a model output). ``tap``: a second output ``z``, an identity
+    1x1 Conv of the Relu output: a BPU reader, so the Relu output is quantized as that Conv reads it (int8)
+    also for a CPU Reciprocal, instead of leaving the BPU in int16 (read only by the CPU)."""
     root.mkdir(parents=True, exist_ok=True)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="/relu"),
              helper.make_node("Reciprocal", ["r"], ["q" if conv else "y"], name="/reciprocal")]
     inits = []
-    if conv:
+    outs = [y]
+    if conv or tap:
         inits = [numpy_helper.from_array(np.eye(2, dtype=np.float32).reshape(2, 2, 1, 1), "w")]
+    if conv:
         nodes.append(helper.make_node("Conv", ["q", "w"], ["y"], name="/conv"))
-    model = helper.make_model(helper.make_graph(nodes, "recip", [x], [y], inits),
+    if tap:
+        nodes.append(helper.make_node("Conv", ["r", "w"], ["z"], name="/tap"))
+        outs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 2, 4, 4]))
+    model = helper.make_model(helper.make_graph(nodes, "recip", [x], outs, inits),
                               opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 7
     onnx.save(model, str(root / "recip.onnx"))

@@ -84,8 +84,9 @@ def test_same_seed_same_trial_sequence(tmp_path):
 
 
 def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_path):
-    cfg = write_reciprocal_project(tmp_path / "r")
-    # Reciprocal on the CPU reads the dequantized Relu output: an int8 scale rounds channel 0 to 0
+    cfg = write_reciprocal_project(tmp_path / "r", tap=True)
+    # Reciprocal on the CPU reads the dequantized Relu output (int8: a BPU Conv reads it too, one quantizer
+    # per tensor; read by the CPU alone it would leave the BPU in int16): an int8 scale rounds channel 0 to 0
     # and 1/0 reaches the model output as inf (on the BPU it would saturate instead); an int16
     # Relu (input and output) keeps it. (per_channel, the knob this test used, no longer reaches a tensor no
     # Conv reads: hb_quantizer_facts 1.5.)
