@@ -10,8 +10,8 @@ mean the same in opset 11, so the suite relabels it, as a user would re-export i
 
 Every configuration the issue lists: max, max_percentile 0.99995, kl, default, per_channel,
 set_all_nodes_int16, int16 on two Convs, ``ON: CPU`` on an interior node, and on the example the
-input's ``/Slice`` on the CPU and the exported best.yaml of the README's main job (``/Slice`` int16
-under ``calibration_type: default``). Conversions run at O0 (the same calibrated and quantized models
+input's ``/Slice`` on the CPU, two decoder Convs on the CPU (hb moves four more nodes there) and the
+exported best.yaml of the README's main job (``/Slice`` int16 under ``calibration_type: default``). Conversions run at O0 (the same calibrated and quantized models
 as O3, seconds instead of minutes) and are cached by content between runs.
 """
 
@@ -41,6 +41,8 @@ EXAMPLE_CASES = CALIBRATIONS + (
     Case("int16_2convs", node_info={"/stem/conv/Conv": dict(INT16), "/fuse/conv/Conv": dict(INT16)}),
     Case("cpu_interior", node_info={"/Mul_1": {"ON": "CPU"}}),
     Case("cpu_slice", node_info={"/Slice": {"ON": "CPU"}}),
+    # two decoder Convs on the CPU: hb moves their Relus, the Resize and the Concat between them there too
+    Case("cpu_decoder", node_info={"/dec2/conv/Conv": {"ON": "CPU"}, "/dec3/conv/Conv": {"ON": "CPU"}}),
     Case("best", {"calibration_type": "default"}, node_info={"/Slice": dict(INT16)}),
 )
 

@@ -301,3 +301,40 @@ def write_mix_project(root: Path, n: int = 8) -> Path:
     cfg = root / "hb_config.yaml"
     cfg.write_text(text)
     return cfg
+
+
+class Toy:
+    """A small opset-11 model written node by node (x: [1, 8, 16, 16])."""
+
+    def __init__(self, channels=8, size=16):
+        self.rng = np.random.default_rng(0)
+        self.nodes: list = []
+        self.inits: list = []
+        self.shape = [1, channels, size, size]
+
+    def conv(self, name, x, cin, cout, k=3, stride=1, group=1, out=None):
+        w = numpy_helper.from_array((self.rng.standard_normal((cout, cin // group, k, k)) * 0.3).astype(np.float32),
+                                    f"{name}.w")
+        self.inits.append(w)
+        out = out or f"{name}_out"
+        self.nodes.append(helper.make_node("Conv", [x, w.name], [out], name=name, pads=[k // 2] * 4,
+                                           strides=[stride] * 2, group=group))
+        return out
+
+    def op(self, op_type, name, inputs, **attrs):
+        out = f"{name}_out"
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name, **attrs))
+        return out
+
+    def const(self, name, value, dtype=np.float32):
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def graph(self, outputs):
+        g = helper.make_graph(self.nodes, "toy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.shape)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])
+        model.ir_version = 7
+        from tuner.graph import Graph
+
+        return Graph(onnx.shape_inference.infer_shapes(model))

@@ -7,10 +7,9 @@ back to int8 at quantization; an int16 residual input unfuses Conv+Add(+Relu).
 """
 
 import numpy as np
-import onnx
 import pytest
-from helpers import write_int16_rules_project
-from onnx import TensorProto, helper, numpy_helper
+from helpers import Toy, write_int16_rules_project
+from onnx import numpy_helper
 
 from tuner.candidate import Calibration, Candidate
 from tuner.graph import Graph, load_target
@@ -44,41 +43,6 @@ def sim_scales(ws, cand) -> dict[str, float]:
 
 def dtype_in(plan, node, k=0):
     return (plan.edges.get((node, k)) or plan.passthrough[(node, k)])[1]
-
-
-class Toy:
-    """A small opset-11 model written node by node (x: [1, 8, 16, 16])."""
-
-    def __init__(self, channels=8, size=16):
-        self.rng = np.random.default_rng(0)
-        self.nodes: list = []
-        self.inits: list = []
-        self.shape = [1, channels, size, size]
-
-    def conv(self, name, x, cin, cout, k=3, stride=1, group=1, out=None):
-        w = numpy_helper.from_array((self.rng.standard_normal((cout, cin // group, k, k)) * 0.3).astype(np.float32),
-                                    f"{name}.w")
-        self.inits.append(w)
-        out = out or f"{name}_out"
-        self.nodes.append(helper.make_node("Conv", [x, w.name], [out], name=name, pads=[k // 2] * 4,
-                                           strides=[stride] * 2, group=group))
-        return out
-
-    def op(self, op_type, name, inputs, **attrs):
-        out = f"{name}_out"
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=name, **attrs))
-        return out
-
-    def const(self, name, value, dtype=np.float32):
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def graph(self, outputs) -> Graph:
-        g = helper.make_graph(self.nodes, "toy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.shape)],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
-        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)])
-        model.ir_version = 7
-        return Graph(onnx.shape_inference.infer_shapes(model))
 
 
 def plan_for(graph, target, nodes=None, optimization=()):

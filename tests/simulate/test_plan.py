@@ -192,3 +192,48 @@ def test_an_int16_reader_of_an_int8_only_producer_reads_its_int8_output_requanti
     assert dtype_in(plan, "/up/Conv", 0) == dtype_in(plan, "/mm/MatMul", 0) == "int16"
     assert dtype_in(plan, "/mm/MatMul", 1) == "int8" and dtype_in(plan, "/up/ConvTranspose", 0) == "int8"
     assert plan.notes == []
+
+
+# -- hb's own moves to the CPU ---------------------------------------------------------------------
+
+
+def _decoder(tap_maxpool: bool = False):
+    """x -> Conv_s (skip); Conv_s -> Conv_1 + Relu -> Resize -> Concat(., skip) -> Conv_2 -> Relu_2 -> Conv_3."""
+    from helpers import Toy
+
+    t = Toy()
+    s = t.conv("/conv_s", "x", 8, 8)
+    a = t.op("Relu", "/relu_1", [t.conv("/conv_1", s, 8, 8)])
+    up = t.op("Resize", "/up", [a, t.const("roi", []), t.const("scales", [1, 1, 1, 1])], mode="nearest")
+    cat = t.op("Concat", "/cat", [up, s], axis=1)
+    b = t.op("Relu", "/relu_2", [t.conv("/conv_2", cat, 16, 8)])
+    outs = [t.conv("/conv_3", b, 8, 8)]
+    if tap_maxpool:
+        pool = t.op("MaxPool", "/pool", [s], kernel_shape=[3, 3], pads=[1] * 4)
+        outs += [t.conv("/conv_4", pool, 8, 8), t.conv("/conv_5", pool, 8, 8)]
+    return t.graph(outs)
+
+
+def test_hb_moves_a_cpu_convs_activation_and_the_pass_through_ops_that_only_feed_the_cpu():
+    """Measured with toy models on hb_mapper 1.24.3 (decoder P2/P6/P7/P8/P10, Q_*/R_* in the session's notes):
+    a Relu or Clip fused after an ``ON: CPU`` Conv is on the CPU in hb's node table; a MaxPool, AveragePool,
+    Concat, Resize or Slice whose readers are all on the CPU goes there too, repeatedly; an entry of its own
+    (``ON: BPU``, ``InputType``) keeps it on the BPU, as does a reader on the BPU."""
+    target = load_target("bayes-e")
+    g = _decoder()
+    plan = make_plan(g, target, Candidate.make(nodes={"/conv_2": {"ON": "CPU"}}))
+    assert {n for n in plan.cpu_nodes} == {"/conv_2", "/relu_2", "/cat", "/up"}
+    assert plan.placement["/relu_1"] == "BPU"                    # fused with its BPU Conv
+    assert any("/up (Resize): every node reading it is on the CPU" in n for n in plan.notes)
+    assert any("/relu_2 (Relu): follows its Conv /conv_2" in n for n in plan.notes)
+    for entry in ({"ON": "BPU"}, {"InputType": "int16"}):
+        kept = make_plan(g, target, Candidate.make(nodes={"/conv_2": {"ON": "CPU"}, "/cat": entry}))
+        assert set(kept.cpu_nodes) == {"/conv_2", "/relu_2"}, entry
+    # a CPU Conv's own Relu follows it; the Resize after it, read by the BPU Concat, stays
+    first = make_plan(g, target, Candidate.make(nodes={"/conv_1": {"ON": "CPU"}}))
+    assert set(first.cpu_nodes) == {"/conv_1", "/relu_1"}
+    # a MaxPool with a reader on the BPU stays there; with both readers on the CPU it goes too
+    g2 = _decoder(tap_maxpool=True)
+    assert make_plan(g2, target, Candidate.make(nodes={"/conv_4": {"ON": "CPU"}})).placement["/pool"] == "BPU"
+    both = make_plan(g2, target, Candidate.make(nodes={"/conv_4": {"ON": "CPU"}, "/conv_5": {"ON": "CPU"}}))
+    assert both.placement["/pool"] == "CPU"

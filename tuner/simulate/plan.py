@@ -143,6 +143,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         else:
             placement[node.name] = "CPU"
 
+    notes += _follow_the_cpu(graph, target, candidate, placement)
+
     if placement and not any(p == "BPU" for p in placement.values()):
         # hb_mapper converts such a YAML up to the compile step and then stops (exit 255): "There is no
         # node can execute on BPU in this model, please make sure the model has at least one
@@ -319,6 +321,51 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
                 scale_of=scale_of, notes=notes, emitted=emitted, calibrated=calibrated, softmax=softmax,
                 internal=internal, fixed=fixed, derived=derived, unsigned=unsigned)
+
+
+#: Ops hb_mapper moves to the CPU when every node reading their output is on the CPU and they carry no
+#: ``node_info`` entry (measured, hb_mapper 1.24.3, toy models at O0): MaxPool, AveragePool, Concat, Resize
+#: and Slice went to the CPU (also with a model output beside the CPU reader); Transpose, Reshape, Split,
+#: GlobalAveragePool, Sigmoid, Abs, Relu, Clip, Add and Mul of two feature maps stayed on the BPU; a reader
+#: left on the BPU, an ``ON: BPU`` or an ``InputType`` entry kept them there.
+CPU_PULLED_OPS = frozenset({"MaxPool", "AveragePool", "Concat", "Resize", "Slice"})
+#: Activations that follow a Conv of theirs to the CPU (measured: Relu and Clip(0, 6) fused after a Conv
+#: with ``ON: CPU`` are on the CPU in hb's node table; a residual Add after such a Conv stays on the BPU).
+CONV_ACTIVATIONS = frozenset({"Relu", "Clip"})
+
+
+def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placement: dict[str, str]) -> list[str]:
+    """hb_mapper's own moves after the requested placement (in place), with a note for each node moved:
+    a Relu/Clip fused after a CPU Conv goes with it, and an op of :data:`CPU_PULLED_OPS` whose readers are
+    all on the CPU goes there too, repeatedly (the bundled example with its two decoder Convs on the CPU:
+    their Relus, ``/up/Resize`` and ``/Concat_2`` are on the CPU in the real node table: 12 CPU nodes where
+    the YAML names 8)."""
+    if not target.post_calibration:
+        return []
+    moved: list[tuple[str, str]] = []
+
+    def free(name: str) -> bool:
+        return not candidate.setting(name).to_dict()
+
+    for group in fusion_groups(graph, target):
+        head = group[0]
+        if placement.get(head.name) == "CPU" and head.op_type in ("Conv", "ConvTranspose") and len(group) > 1:
+            nxt = group[1]
+            if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" and free(nxt.name):
+                placement[nxt.name] = "CPU"
+                moved.append((nxt.name, f"follows its Conv {head.name} to the CPU"))
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(list(graph)):
+            if placement.get(node.name) != "BPU" or node.op_type not in CPU_PULLED_OPS or not free(node.name):
+                continue
+            readers = [c for o in node.outputs if o for c, _ in graph.consumers.get(o, [])]
+            if readers and all(placement[c.name] == "CPU" for c in readers):
+                placement[node.name] = "CPU"
+                moved.append((node.name, "every node reading it is on the CPU: hb_mapper runs it there too"))
+                changed = True
+    return [f"{name} ({graph.by_name[name].op_type}): {why}" for name, why in moved]
 
 
 #: LUT ops that are arithmetic with a constant rather than a table of a function: not covered by
