@@ -26,9 +26,6 @@ from fidelity_suite import MODELS, run_suite
 
 from tuner.toolchain import fidelity as F
 
-PER_CHANNEL = ("per_channel: hb equalizes 7 of PP-OCR's ~60 Conv inputs (a mask chosen in C++, rule not found yet) and "
-               "its table prints channel 0's threshold; tuner equalizes every Conv input (with hb's 7 only: 0.9669, "
-               "real 0.9673)")
 KL_TIE = ("kl: hmct's search breaks a near-tie of its 9-candidate window averages differently on one tensor "
           "(p2o.Mul.30: real 27.68, sim 28.08, 1.4 %; the averages differ by < 5e-5)")
 
@@ -43,9 +40,10 @@ def _gap(model: str, cases: tuple[str, ...], checks: tuple[str, ...], reason: st
             GAPS[(model, c, check)] = reason
 
 
-_gap("ppocr_det", ("per_channel",), ("outputs", "thresholds", "node_cosine"), PER_CHANNEL)
 _gap("ppocr_det", ("kl",), ("thresholds",), KL_TIE)
-_gap("ppocr_det", ("*",), ("order",), "per_channel ranks apart: " + PER_CHANNEL)
+_gap("ppocr_det", ("*",), ("order",), "max and kl rank apart: the real tool puts max (and cpu_interior) 0.0004 above kl "
+     "(and default, 0.9789 against 0.9785), tuner puts kl 0.0022 above max, each within tolerance (max -0.0014, "
+     "kl +0.0012); Spearman 0.80")
 
 CHECKS = ("outputs", "thresholds", "dtypes", "placement", "method", "node_cosine")
 

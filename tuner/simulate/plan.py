@@ -85,6 +85,8 @@ class Plan:
     derived: dict[str, Derived] = field(default_factory=dict)
     # the scale sources an asymmetric calibration makes uint8 (tuner.simulate.fixed.unsigned_tensors)
     unsigned: frozenset[str] = frozenset()
+    # the fusion groups in effect, as (member, next member) edges (no quantization between them)
+    fused: frozenset[tuple[str, str]] = frozenset()
 
     @property
     def n_subgraphs(self) -> int:
@@ -320,7 +322,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
                 scale_of=scale_of, notes=notes, emitted=emitted, calibrated=calibrated, softmax=softmax,
-                internal=internal, fixed=fixed, derived=derived, unsigned=unsigned)
+                internal=internal, fixed=fixed, derived=derived, unsigned=unsigned, fused=frozenset(fused))
 
 
 #: Ops hb_mapper moves to the CPU when every node reading their output is on the CPU and they carry no

@@ -22,8 +22,9 @@ from onnx import helper, numpy_helper
 from tuner.graph import Graph, Node, Target
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
+from tuner.simulate.perchannel import channel_scales, channel_top
 from tuner.simulate.plan import Plan
-from tuner.simulate.scales import PlanScales, Scale, Scales
+from tuner.simulate.scales import PlanScales, Scale, Scales, channelwise
 
 MS = "com.microsoft"
 BIAS_OPS = ("Conv", "ConvTranspose", "Gemm")
@@ -263,11 +264,26 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
         qdq_after[after] += point_nodes
         return out
 
+    # Per-channel points. hb's calibrated model says which (real thresholds: every Conv input is asked and
+    # the file answers), or default's comparison model of a per-channel method (every point), or hb's
+    # per_channel rule (tuner.simulate.perchannel: the tensors it selects, with its channel scales).
+    calibration = getattr(own_scales, "calibration", None)
+    file_decides = getattr(own_scales, "real", None) is not None
+    per_channel: dict[str, np.ndarray] = {}
+    if not plain_per_channel and not file_decides and getattr(calibration, "per_channel", False):
+        per_channel = channel_scales(graph, plan, scales.stats, memo)
+
+    def point_scale(tensor: str, dtype: str, channel: bool) -> Scale:
+        source = plan.scale_of.get(tensor, tensor)
+        if channel and tensor in per_channel:
+            return channelwise(scales.get(source, dtype), per_channel[tensor], channel_top(scales.stats, source))
+        return scales.get(source, dtype, channel and (plain_per_channel or file_decides))
+
     def quantized(tensor: str, dtype: str, source: str | None = None, channel: bool = False) -> str:
         key = (tensor, dtype, channel)
         if key in made:
             return made[key]
-        s = scales.get(plan.scale_of.get(tensor, tensor), dtype, channel)
+        s = point_scale(tensor, dtype, channel)
         if s.axis is not None and (plain_per_channel or tensor in plan.scale_of):
             shape = graph.shapes.get(tensor)   # a scale lent by another tensor (scale_of) must fit this one
             if shape is None or len(shape) < 2 or shape[1] != np.size(s.scale):
@@ -295,15 +311,20 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     raw = {out: f"{out}__raw" for out in plan.outputs}
     inputs_of: dict[tuple[str, int], str] = {}
     weighted = set(plan.weights)
-    # per_channel activation scales only on the data input of a (weighted, BPU) Conv: hb_mapper
-    # deploys them by equalizing that Conv's weights (tuner.simulate.scales).
+    # A per-channel Conv input is deployed by equalizing that Conv's weights (hb's ActivationEqualization);
+    # its other readers (a lowered Mul, a Conv+Add group's residual input) read it per channel.
     # A tensor that takes another's threshold (hb's shared groups, plan.scale_of) stays per-tensor.
-    equalized = set() if plain_per_channel else {node for (node, k), (t, _) in plan.edges.items()
-                                                  if k == 0 and node in weighted and t not in plan.scale_of
-                                                  and graph.by_name[node].op_type == "Conv"}
+    if plain_per_channel:
+        equalized: set[str] = set()
+    elif file_decides:
+        equalized = {node for (node, k), (t, _) in plan.edges.items() if k == 0 and node in weighted
+                     and t not in plan.scale_of and graph.by_name[node].op_type == "Conv"}
+    else:
+        equalized = {node for (node, k), (t, _) in plan.edges.items() if k == 0 and node in weighted
+                     and t in per_channel and graph.by_name[node].op_type == "Conv"}
     for (node, k), (tensor, dtype) in plan.edges.items():
-        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor),
-                                         channel=plain_per_channel or (k == 0 and node in equalized))
+        channel = plain_per_channel or (k == 0 and node in equalized) or tensor in per_channel
+        inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=channel)
     for (node, k), (tensor, dtype) in plan.cpu_reads.items():
         inputs_of[(node, k)] = quantized(tensor, dtype, raw.get(tensor), channel=plain_per_channel)
 
@@ -354,7 +375,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
             in_scale: float | None
             if source is not None:
                 # The scale the input's Q/DQ actually uses (a same-scale op upstream lends its own).
-                s_in = scales.get(plan.scale_of.get(source[0], source[0]), source[1], n.name in equalized)
+                s_in = point_scale(source[0], source[1], n.name in equalized)
             # hb_mapper's own weight thresholds (tuner.simulate.realscales), where the scales have them
             real_w = getattr(scales, "weight_thresholds", None)
             w_thr = real_w(n.name) if real_w is not None else None

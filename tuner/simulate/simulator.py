@@ -45,10 +45,11 @@ from tuner.simulate.calibrate import (
     search_score,
     single_node_plan,
 )
+from tuner.simulate.perchannel import channel_scales, channel_top
 from tuner.simulate.plan import Plan, make_plan
 from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, plan_scales, weight_axis
 from tuner.simulate.realscales import RealCalibration, RealScales, real_plan, without_real_rules
-from tuner.simulate.scales import Scales, ScaleTable
+from tuner.simulate.scales import Scales, ScaleTable, channelwise
 
 #: The explicit calibration a candidate is simulated with: ``default`` and ``mix`` resolved, or hb_mapper's.
 Resolved = Calibration | MixedCalibration | RealCalibration
@@ -461,6 +462,10 @@ class Simulator:
     def _rows(self, plan: Plan, calibration: Resolved,
               sims: dict[str, Similarity]) -> list[NodeRow]:
         scales = plan_scales(self.scales(calibration), plan)
+        # a per-channel input: hb's table prints its channel 0's threshold (PP-OCRv4 under per_channel:
+        # p2o.Conv.3 reads p2o.Add.15 at 5.5824, the tensor's own 46.45 over channel 0's scale 8.3208)
+        per_channel = channel_scales(self.graph, plan, self.stats, self._build_memo) \
+            if isinstance(calibration, Calibration) and calibration.per_channel else {}
         rows = []
         for node in self.graph:
             # the input's threshold as hb's table prints it: the tensor whose statistics it is quantized
@@ -469,6 +474,10 @@ class Simulator:
                          if (q := plan.edges.get((node.name, k)) or plan.passthrough.get((node.name, k)))]
             thr = scales.threshold(plan.scale_of.get(quantized[0][0], quantized[0][0]), quantized[0][1]) \
                 if quantized else None
+            if thr is not None and quantized[0][0] in per_channel:
+                t = quantized[0][0]
+                thr = channelwise(scales.get(t, quantized[0][1]), per_channel[t], channel_top(self.stats, t)).threshold \
+                    / float(per_channel[t][0])
             out = node.outputs[0] if node.outputs else None
             if node.name in plan.softmax:
                 rows.extend(self._softmax_rows(node, plan, scales, sims, thr))
