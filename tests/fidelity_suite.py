@@ -11,8 +11,9 @@ mean the same in opset 11, so the suite relabels it, as a user would re-export i
 Every configuration the issue lists: max, max_percentile 0.99995, kl, default, per_channel,
 set_all_nodes_int16, int16 on two Convs, ``ON: CPU`` on an interior node, and on the example the
 input's ``/Slice`` on the CPU, two decoder Convs on the CPU (hb moves four more nodes there) and the
-exported best.yaml of the README's main job (``/Slice`` int16 under ``calibration_type: default``). Conversions run at O0 (the same calibrated and quantized models
-as O3, seconds instead of minutes) and are cached by content between runs.
+exported best.yaml of the README's main job (``/Slice`` int16 under ``calibration_type: default``).
+Conversions run at O0 (the same calibrated and quantized models as O3, seconds instead of minutes) and
+are cached by content between runs.
 """
 
 from __future__ import annotations

@@ -421,11 +421,15 @@ class _Rules:
         return asked and self.emits16(tail)
 
     def leaves_in_int32(self, name: str) -> bool:
+        """A Conv group (Conv [+ BN] [+ Relu/Clip] [+ residual Add]) may hand its int32 accumulator to the CPU
+        or a model output: its output calibration is removed and it is dequantized with the Conv's scale,
+        the activation applied in the accumulator (measured: A2_cpu_mulx, Conv+Relu and Conv+Clip read by a
+        CPU Mul alone lost their calibration nodes; A_cpu_conv5, ``activation relu, output_bit 32``; the
+        example's cpu_interior: ``/stem/act/Clip_output_0`` has no calibration node)."""
         node = self.graph.by_name[name]
         group = self.group.get(name)
         head = group[0] if group and group[-1].name == name else node
-        tail_ok = node.op_type not in ACTIVATIONS
-        return head.op_type in self.target.int32_output_ops and tail_ok and not self.target.output_int8_only(head.proto)
+        return head.op_type in self.target.int32_output_ops and not self.target.output_int8_only(head.proto)
 
     def int32_out(self, node: Node) -> bool:
         """The node (a fusion group's tail) leaves the BPU as its int32 accumulator: no BPU node reads it."""
