@@ -64,7 +64,11 @@ def test_staged_promotes_cumulatively_then_falls_back_to_cpu(tiny):
     cpu = [{n for n, s in score.candidate.nodes if s.on == "CPU"} for _, score in res.steps[2:]]
     moved = [next(iter(b - a)) for a, b in zip(cpu, cpu[1:])]
     assert [alone[n] for n in moved] == sorted(alone[n] for n in moved)
-    assert len(set(alone) - set(moved)) == 1 and set(moved) < set(alone)
+    # (hb moves a CPU Conv's Relu and the pass-through ops feeding only the CPU along, so the last BPU node
+    # standing may be one the recipe never named: at least one named node is left)
+    assert len(set(alone) - set(moved)) >= 1 and set(moved) < set(alone)
+    last = res.steps[-1][1].candidate
+    assert "BPU" in search.ws.simulator.plan(last).placement.values()
     # a goal met by the first stage stops there
     goal = Goal(min_accuracy=res.steps[1][1].accuracy)
     if not goal.met(res.steps[0][1].accuracy):

@@ -101,15 +101,17 @@ def test_eval_thresholds_reproduces_the_real_calibrated_model(hb_toolchain, runs
 
 
 def test_tensors_the_real_model_leaves_float_stay_float(hb_toolchain, runs):
-    """With two nodes on the CPU, hb_mapper rounds neither the CPU Conv's input nor the CPU Mul's
-    first input, where tuner's plan does: with the file, they stay float, and the simulation
-    reproduces the real calibrated model."""
+    """With two nodes on the CPU, hb_mapper rounds neither the CPU Conv's input (its Concat moves to the CPU
+    with it) nor the CPU Mul's first input (a Conv+Clip group's int32 accumulator): with the file they stay
+    float, tuner's own plan leaves them unrounded as well, and the simulation reproduces the real
+    calibrated model."""
     cfg, conv = runs["cpu"]
     ws, ev, real, direct = _agreement(hb_toolchain, cfg, conv)
-    own = ws.simulator.plan(ws.base_candidate()).quantized_tensors()
+    own = ws.simulator.plan(ws.base_candidate())
+    assert own.placement["/Concat_4"] == "CPU" and own.out_dtype["/stem/act/Clip"] == "int32"
     for t in ("/Concat_4_output_0", "/stem/act/Clip_output_0"):
-        assert t in own and ws.real_thresholds.leaves_float(t)
-        assert t not in ev.plan.quantized_tensors()
+        assert ws.real_thresholds.leaves_float(t)
+        assert t not in own.quantized_tensors() and t not in ev.plan.quantized_tensors()
     for o, m in real.items():
         assert abs(ev.outputs[o]["cosine"] - m["cosine"]) < COSINE_TOL
         assert direct[o] > DIRECT_MIN

@@ -425,10 +425,14 @@ class _Rules:
         or a model output: its output calibration is removed and it is dequantized with the Conv's scale,
         the activation applied in the accumulator (measured: A2_cpu_mulx, Conv+Relu and Conv+Clip read by a
         CPU Mul alone lost their calibration nodes; A_cpu_conv5, ``activation relu, output_bit 32``; the
-        example's cpu_interior: ``/stem/act/Clip_output_0`` has no calibration node)."""
+        example's cpu_interior: ``/stem/act/Clip_output_0`` has no calibration node). A group ending in its
+        activation at a model output is not one of them: it leaves in int16 like other ops (a toy Conv+Relu
+        output with 576 taps kept its int16 input, which an int32 output of that width drops)."""
         node = self.graph.by_name[name]
         group = self.group.get(name)
         head = group[0] if group and group[-1].name == name else node
+        if head is not node and node.op_type in ACTIVATIONS and any(o in self.outputs for o in node.outputs):
+            return False
         return head.op_type in self.target.int32_output_ops and not self.target.output_int8_only(head.proto)
 
     def int32_out(self, node: Node) -> bool:
