@@ -267,7 +267,7 @@ def collect(models: list[str], only: set[str] | None) -> int:
 
 def _collect_model(tc: Any, data: dict[str, Any], knobs: Any, every: dict[str, Any], name: str, tmp: Path,
                    only: set[str] | None) -> None:
-    from tuner.cost.hbdk import calibrated_qtypes, read_subgraph_json
+    from tuner.cost.hbdk import calibrated_qtypes, subgraph_estimates
     from tuner.files import write_atomic
     from tuner.toolchain.fidelity import write_case
     from tuner.toolchain.hbrun import convert
@@ -286,8 +286,7 @@ def _collect_model(tc: Any, data: dict[str, Any], knobs: Any, every: dict[str, A
                                "calibration": case.calibration, "ok": conv.ok, "error": conv.error,
                                "seconds": conv.seconds, "run": conv.key}
         if conv.ok:
-            subs = [read_subgraph_json(conv.out_dir / f"{s.name}.json") for s in conv.subgraphs]
-            rec["subgraphs"] = [s.to_json() for s in subs if s is not None]
+            rec["subgraphs"] = [s.to_json() for s in subgraph_estimates(conv.out_dir)]
             rec["cpu_nodes"] = list(conv.cpu_nodes)
             rec["qtypes"] = {k: {"op": v.op_type, "in": list(v.inputs), "out": list(v.outputs)}
                              for k, v in calibrated_qtypes(conv.model("calibrated")).items()}
@@ -350,7 +349,7 @@ def load_samples(data: dict[str, Any], tmp: Path, coefficients: Any | None = Non
         cm = CostModel(ws.graph, ws.target)
         entries = {}
         for cname, rec in m["cases"].items():
-            if not rec.get("ok"):
+            if not rec.get("ok") or not rec.get("subgraphs"):
                 continue
             cand = Candidate.make(nodes=rec["node_info"],
                                   optimization=(rec["optimization"],) if rec["optimization"] else ())
@@ -380,19 +379,11 @@ def fit_cases(cfg: Path) -> list[Any]:
     return out
 
 
-def samples_of(models: dict[str, Any], which: str = "real", share: float = 0.0) -> tuple[list[Any], list[Any]]:
-    from tuner.cost.fit import Sample, layer_sample_rows
+def samples_of(models: dict[str, Any], which: str = "real", share: float = 0.0) -> list[Any]:
+    from tuner.cost.fit import make_sample
 
-    samples, rows = [], []
-    for name, m in models.items():
-        cm = m["cm"]
-        for cname, e in m["cases"].items():
-            p = e[which]
-            layer_rows = layer_sample_rows(cm, p, e["est"], share)
-            samples.append(Sample(name, cname, tuple(cm.features(p)), sum(x.latency_us for x in e["est"]),
-                                  tuple(layer_rows)))
-            rows += layer_rows
-    return samples, rows
+    return [make_sample(m["cm"], e[which], sum(x.latency_us for x in e["est"]), cname, name, e["est"], share)
+            for name, m in models.items() for cname, e in m["cases"].items()]
 
 
 def fit_shipped(write: bool) -> int:
@@ -404,12 +395,13 @@ def fit_shipped(write: bool) -> int:
     data = _load()
     with tempfile.TemporaryDirectory(prefix="tuner-latency-") as tmp:
         models = load_samples(data, Path(tmp))
-        samples, rows = samples_of(models, "real", LOAD_STORE_SHARE)
+        samples = samples_of(models, "real", LOAD_STORE_SHARE)
+        rows = [r for s in samples for r in s.rows]
         prior = BpuCoefficients.from_dict(PRIOR)
         lay = fit_layers(rows, prior)
         tot = fit_totals(samples, lay)
     n_models = len({s.model for s in samples})
-    tot = BpuCoefficients(values=tot.values, source=(
+    tot = BpuCoefficients(layers=tot.layers, terms=tot.terms, source=(
         f"benchmarks/latency_fidelity.py fit: {len(samples)} O3 compiles of {n_models} models (the example, "
         f"PP-OCRv4 det, the op zoo), {len(rows)} layer rows; {data.get('toolchain', '')}"))
     for s in samples:
@@ -429,17 +421,22 @@ def fit_shipped(write: bool) -> int:
 
 
 def _yaml_block(d: dict[str, Any]) -> str:
-    lines = ["  bpu:", f"    source: \"{d['source']}\"", "    layers:   # kind: {precision of the input: [fixed us, us per "
-             "million MACs, us per thousand output elements]}"]
+    lines = ["  bpu:", f"    source: \"{d['source']}\"",
+             "    # kind: {precision of the input: [fixed us, then us per million MACs, per thousand input elements,",
+             "    #        per thousand output elements: a layer costs the fixed part plus the largest of the three]}",
+             "    layers:"]
     for kind, per in d["layers"].items():
-        inner = ", ".join(f"{p}: [{', '.join(f'{v:.4g}' for v in t)}]" for p, t in per.items())
+        inner = ", ".join(f"{p}: [{', '.join(f'{v:.4g}' for v in t)}]" for p, t in per.items())  # noqa: B023
         lines.append(f"      {kind}: {{{inner}}}")
     from tuner.cost.latency import GLOBAL_TERMS
 
     notes = {"out16_kelem": "an int16 output's write, us per thousand elements",
              "requant_kelem": "a tensor read in two precisions (a Requantize layer), us per thousand elements",
-             "io_kbyte": "DDR traffic into and out of a subgraph, us per kilobyte",
-             "subgraph": "per BPU subgraph, us"}
+             "io_kbyte": "DDR traffic of the model's inputs and outputs, us per kilobyte",
+             "cut_kbyte": "DDR traffic of tensors cut between subgraphs and CPU nodes, us per kilobyte",
+             "cut_tensor": "a tensor cut between BPU and CPU inside the model, us",
+             "subgraph": "per BPU subgraph, us",
+             "model": "per model, us (tuner latency fit sets it for a model)"}
     for t in GLOBAL_TERMS:
         lines.append(f"    {t}: {d[t]:.4g}   # {notes[t]}")
     return "\n".join(lines) + "\n"
@@ -450,22 +447,22 @@ def _yaml_block(d: dict[str, Any]) -> str:
 #: thousand elements) and the op zoo's int16 rows (MaxPool ~1.5-2.6 us per thousand elements).
 PRIOR: dict[str, Any] = {
     "layers": {
-        "conv": {"int8": [1.0, 0.3, 0.01], "int16": [2.0, 1.2, 0.3]},
-        "dwconv": {"int8": [1.0, 0.5, 0.03], "int16": [2.0, 2.0, 0.3]},
-        "deconv": {"int8": [1.0, 0.3, 0.1], "int16": [2.0, 1.2, 0.2]},
-        "matmul": {"int8": [1.0, 0.3, 0.05], "int16": [2.0, 1.2, 0.2]},
-        "eltwise": {"int8": [1.0, 0.0, 0.06], "int16": [2.0, 0.0, 0.2]},
-        "lut": {"int8": [1.0, 0.0, 0.03], "int16": [2.0, 0.0, 0.06]},
-        "maxpool": {"int8": [1.0, 0.0, 0.06], "int16": [2.0, 0.0, 2.0]},
-        "avgpool": {"int8": [1.0, 0.1, 0.05], "int16": [2.0, 0.4, 0.3]},
-        "gpool": {"int8": [1.0, 0.0, 0.05], "int16": [2.0, 0.0, 0.1]},
-        "resize": {"int8": [1.0, 0.0, 0.1], "int16": [2.0, 0.0, 0.2]},
-        "concat": {"int8": [1.0, 0.0, 0.04], "int16": [2.0, 0.0, 0.1]},
-        "move": {"int8": [3.0, 0.0, 0.05], "int16": [3.0, 0.0, 0.1]},
-        "softmax": {"int8": [5.0, 0.0, 0.2], "int16": [5.0, 0.0, 0.4]},
-        "other": {"int8": [2.0, 0.0, 0.1], "int16": [2.0, 0.0, 0.2]},
+        "conv": {"int8": [1.0, 0.3, 0.01, 0.01], "int16": [2.0, 1.0, 0.2, 0.1]},
+        "dwconv": {"int8": [1.0, 0.5, 0.03, 0.03], "int16": [2.0, 2.0, 0.3, 0.2]},
+        "deconv": {"int8": [1.0, 0.3, 0.05, 0.1], "int16": [2.0, 1.2, 0.2, 0.2]},
+        "matmul": {"int8": [1.0, 0.3, 0.05, 0.05], "int16": [2.0, 1.2, 0.2, 0.2]},
+        "eltwise": {"int8": [1.0, 0.0, 0.03, 0.06], "int16": [2.0, 0.0, 0.1, 0.2]},
+        "lut": {"int8": [1.0, 0.0, 0.03, 0.03], "int16": [2.0, 0.0, 0.06, 0.06]},
+        "maxpool": {"int8": [1.0, 0.0, 0.03, 0.06], "int16": [2.0, 0.0, 1.0, 2.0]},
+        "avgpool": {"int8": [1.0, 0.1, 0.03, 0.05], "int16": [2.0, 0.4, 0.2, 0.3]},
+        "gpool": {"int8": [1.0, 0.0, 0.05, 0.05], "int16": [2.0, 0.0, 0.1, 0.1]},
+        "resize": {"int8": [1.0, 0.0, 0.05, 0.1], "int16": [2.0, 0.0, 0.1, 0.2]},
+        "concat": {"int8": [1.0, 0.0, 0.02, 0.04], "int16": [2.0, 0.0, 0.05, 0.1]},
+        "move": {"int8": [3.0, 0.0, 0.02, 0.05], "int16": [3.0, 0.0, 0.05, 0.1]},
+        "softmax": {"int8": [5.0, 0.0, 0.1, 0.2], "int16": [5.0, 0.0, 0.2, 0.4]},
+        "other": {"int8": [2.0, 0.0, 0.05, 0.1], "int16": [2.0, 0.0, 0.1, 0.2]},
     },
-    "out16_kelem": 0.01, "requant_kelem": 0.03, "io_kbyte": 0.01, "subgraph": 10.0,
+    "out16_kelem": 0.01, "requant_kelem": 0.03, "io_kbyte": 0.01, "cut_kbyte": 0.01, "cut_tensor": 10.0, "subgraph": 10.0, "model": 0.0,
 }
 #: The share of a layer's load/store cost the per-layer fit adds to its computing cost (at O3 most of it
 #: overlaps with computing; the subgraph totals set the rest).
@@ -490,7 +487,7 @@ def _spearman(a: list[float], b: list[float]) -> float:
 
 
 def report(out: Path) -> int:
-    from tuner.cost.fit import Sample, fit_scales, modeled_us
+    from tuner.cost.fit import fit_scales, make_sample
 
     data = _load()
     before = json.loads(BEFORE.read_text(encoding="utf-8")) if BEFORE.is_file() else {"models": {}}
@@ -504,16 +501,16 @@ def report(out: Path) -> int:
             m = models[name]
             cm, cases_ = m["cm"], m["cases"]
             shipped = cm.shipped
-            fit_samples = [Sample(name, c, tuple(cm.features(cases_[c]["real"])),
-                                  sum(x.latency_us for x in cases_[c]["est"])) for c in FIT_CASES if c in cases_]
+            fit_samples = [make_sample(cm, cases_[c]["real"], sum(x.latency_us for x in cases_[c]["est"]), c)
+                           for c in FIT_CASES if c in cases_]
             scales = fit_scales(fit_samples, shipped) if fit_samples else {}
             fitted = shipped.scaled(scales)
             names = [c for c in cases_ if not c.startswith("fit_")]
             base = cases_["int8"]
             hb = {c: sum(x.latency_us for x in cases_[c]["est"]) / 1e3 for c in names}
 
-            def ms(c: str, which: str, coef: Any) -> float:
-                return sum(coef.us(f) for f in cm.features(cases_[c][which])) / 1e3
+            def ms(c: str, which: str, coef: Any, cm: Any = cm, cases_: Any = cases_) -> float:
+                return sum(cm.compiler_us(cases_[c][which], coef)) / 1e3
 
             old = before["models"].get(name, {})
             rows, ratio_err, ratio_err_real = [], [], []

@@ -8,7 +8,7 @@ from helpers import build_tiny_model
 
 from tuner.candidate import Candidate
 from tuner.cost.bpu import aligned_elements, layers, op_kind
-from tuner.cost.fit import Sample, fit_scales, modeled_us, real_precision
+from tuner.cost.fit import fit_scales, make_sample, modeled_us, real_precision
 from tuner.cost.hbdk import NodeQtypes
 from tuner.cost.latency import (
     BoardFit,
@@ -78,9 +78,10 @@ def test_a_cut_costs_the_bpu_its_io(setup):
     _, _, cm = setup
     f_base = cm.features(Precision.of_plan(plan_of(setup)))
     f_cut = cm.features(Precision.of_plan(plan_of(setup, {"/res/Conv": {"ON": "CPU"}})))
-    io = sum(f.get("io_kbyte", 0.0) for f in f_cut) - sum(f.get("io_kbyte", 0.0) for f in f_base)
+    io = sum(f.get("cut_kbyte", 0.0) for f in f_cut) - sum(f.get("cut_kbyte", 0.0) for f in f_base)
+    cuts = sum(f.get("cut_tensor", 0.0) for f in f_cut) - sum(f.get("cut_tensor", 0.0) for f in f_base)
     # /res/Conv's input leaves the first subgraph and its output enters the next: 2 x 8x16x16 int8 at least
-    assert io >= 2 * 8 * 16 * 16 / 1e3
+    assert io >= 2 * 8 * 16 * 16 / 1e3 and cuts >= 2
 
 
 def test_int16_costs_more_than_int8(setup):
@@ -102,27 +103,30 @@ def test_real_qtypes_replace_the_plans(setup):
 
 
 def test_per_model_fit_scales(setup):
-    """Three compiles whose hbdk numbers are 1.3x the int8 terms, 2x the int16 terms, 1.5x the I/O terms:
-    the fit recovers the scales, and the model with them reproduces the three."""
+    """Three compiles whose hbdk numbers are the shipped model plus 20 us, with 2x the int16 terms and 1.5x
+    the I/O terms: the per-model fit recovers the three, and with them reproduces the compiles."""
     _, _, cm = setup
-    truth = {"int8": 1.3, "int16": 2.0, "io": 1.5}
+    truth = {"model": 20.0, "int16": 2.0, "io": 1.5}
     samples = []
     for name, nodes in (("int8", {}), ("int16", {"/res/Conv": {"InputType": "int16", "OutputType": "int16"},
                                                 "/gate/Mul": {"InputType": "int16", "OutputType": "int16"}}),
                         ("cut", {"/res/Conv": {"ON": "CPU"}})):
-        feats = tuple(cm.features(Precision.of_plan(plan_of(setup, nodes))))
-        s = Sample("tiny", name, feats, 0.0)
-        samples.append(Sample("tiny", name, feats, modeled_us(s, cm.shipped.scaled(truth))))
-    scales = fit_scales(samples, cm.shipped, ridge=1e-6)
+        p = Precision.of_plan(plan_of(setup, nodes))
+        samples.append(make_sample(cm, p, sum(cm.compiler_us(p, cm.shipped.scaled(truth))), name))
+    scales = fit_scales(samples, cm.shipped, ridge=1e-9)
     for k, v in truth.items():
         assert scales[k] == pytest.approx(v, rel=0.02)
-    assert {scale_of("conv.int8.mmac"), scale_of("conv.int16.kelem"), scale_of("io_kbyte")} == {"int8", "int16", "io"}
+    fitted = cm.shipped.scaled(scales)
+    for s in samples:
+        assert modeled_us(s, fitted) == pytest.approx(s.hbdk_us, rel=1e-3)
+    assert {scale_of("int8"), scale_of("int16"), scale_of("io_kbyte"), scale_of("model")} == \
+        {"int8", "int16", "io", "model"}
 
 
 def test_a_model_fit_is_used_and_said(setup):
     graph, target, cm = setup
     plan = plan_of(setup)
-    fit = ModelFit(model_sha256="0" * 64, march="bayes-e", scales={"int8": 2.0, "int16": 1.0, "io": 1.0},
+    fit = ModelFit(model_sha256="0" * 64, march="bayes-e", scales={"model": 50.0, "int16": 1.0, "io": 1.0},
                    samples=({"name": "int8"},))
     fitted = CostModel(graph, target, fit=fit).latency(plan)
     assert fitted.compiler_ms > cm.latency(plan).compiler_ms
@@ -142,8 +146,8 @@ def test_board_scales_the_bpu_part(setup):
 def test_coefficients_round_trip(setup):
     _, _, cm = setup
     again = BpuCoefficients.from_dict(cm.shipped.to_dict())
-    assert {k: v for k, v in again.values.items() if v} == pytest.approx(
-        {k: round(v, 6) for k, v in cm.shipped.values.items() if v})
+    assert again.to_dict() == cm.shipped.to_dict()
+    assert again.price("conv", "int16").us(1e6, 0, 0) > again.price("conv", "int8").us(1e6, 0, 0)
     with pytest.raises(TunerError, match="unknown kind"):
         BpuCoefficients.from_dict({"layers": {"warp": {"int8": [1, 2, 3]}}})
 

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "CONFIG, add it to the board's campaign (one per board and firmware, never "
                                     "pooled) and refit board_ms = a x hbdk estimate + b x MB of float32 outputs + c.")
     b.add_argument("perf", help="the console output of hrt_model_exec perf (a file)")
-    a.config(b, "the hb_mapper YAML the .bin was built from")
+    b.add_argument("--config", required=True, help="the hb_mapper YAML the .bin was built from")
     b.add_argument("--board", default="rdk-x5", help="a name for the board (default rdk-x5)")
     b.add_argument("--hbdk-ms", type=a.positive_float,
                    help="hbdk's estimate of that .bin (its log's latency lines, summed); default: convert the "
@@ -140,8 +140,8 @@ def fit(args: argparse.Namespace) -> int:
     import datetime
 
     from tuner.console import say, table
-    from tuner.cost.fit import Sample, fit_scales, modeled_us, real_precision
-    from tuner.cost.hbdk import calibrated_qtypes
+    from tuner.cost.fit import fit_scales, make_sample, modeled_us, real_precision
+    from tuner.cost.hbdk import calibrated_qtypes, subgraph_estimates
     from tuner.cost.latency import CostModel, ModelFit, fit_path
     from tuner.export.hb_yaml import dump_yaml, merged_config
     from tuner.files import cache_dir, write_atomic
@@ -168,7 +168,7 @@ def fit(args: argparse.Namespace) -> int:
         plan = make_plan(ws.graph, ws.target, cand)
         p = real_precision(cm, plan, calibrated_qtypes(conv.model("calibrated")))
         hb = sum(s.latency_us for s in conv.subgraphs)
-        samples.append(Sample("model", name, tuple(cm.features(p)), hb))
+        samples.append(make_sample(cm, p, hb, name, estimates=subgraph_estimates(conv.out_dir)))
         rows.append([name, f"{hb / 1e3:.3f}", f"{conv.seconds:.0f}"])
     if not samples:
         raise TunerError("no conversion gave hbdk's estimate; nothing to fit")
@@ -189,7 +189,7 @@ def fit(args: argparse.Namespace) -> int:
         print(json.dumps({**mf.to_json(), "path": str(path)}, indent=2))
         return 0
     print(table(["compile", "hbdk ms", "modeled (shipped)", "modeled (fitted)", "fitted vs hbdk", "seconds"], rows))
-    print(f"\nscales: {', '.join(f'{k} x{v:.3f}' for k, v in scales.items())}  ({time.perf_counter() - t0:.0f} s)")
+    print(f"\nfitted: {mf.describe().split('(', 1)[1].rstrip(')')}  ({time.perf_counter() - t0:.0f} s)")
     print(f"kept for this model ({ws.model.fingerprint[:12]}, {ws.target.march}): {path}")
     print("tuner eval and tuner search use it for this model")
     return 0

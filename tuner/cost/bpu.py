@@ -15,8 +15,11 @@ target's fitted coefficients (``cost.bpu`` in ``search_spaces/targets/<march>.ya
   int16), priced separately: an int16 input slows a Conv's MAC array, an int16 output doubles the
   bytes a layer writes; MaxPool in int16 was measured 10-28x its int8 time.
 
-A layer costs ``fixed + max(macs / mac_rate, elements / element_rate)`` microseconds, each term per
-kind and precision (:class:`LayerCoefficients`).
+A layer costs ``fixed + max(per_mmac x MACs, per_kelem_in x input elements, per_kelem_out x output
+elements)`` microseconds, each coefficient per kind and precision (:class:`LayerPrice`): the slowest
+of the MAC array and the two streams bounds a layer. Measured on the example at O3 (int16 input):
+``/dec1/conv/Conv`` (93 M MACs) 97 us, MAC-bound; ``/stem/conv/Conv`` (3.3 M MACs, its input
+96x160x3 padded to 8 channels) 27 us, input-bound; in int8 the same Convs take 31 and 2 us.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ class Layer:
     kind: str
     macs: int
     elements: int                  # the output as laid out on the BPU
-    in_elements: int               # the activation inputs, as the model has them
+    in_elements: int               # the activation inputs, as laid out on the BPU
     out_tensor: str
 
 
@@ -146,7 +149,7 @@ def layers(graph: Graph, target: Target) -> dict[str, Layer]:
             continue
         group = group_of.get(node.name, [node])
         head, last = group[0], group[-1]
-        ins = sum(elements(graph.shapes.get(t)) for t in head.inputs if graph.is_activation(t))
+        ins = sum(aligned_elements(graph.shapes.get(t)) for t in head.inputs if graph.is_activation(t))
         kind = op_kind(graph, head)
         lay = Layer(head=head.name, members=tuple(n.name for n in group), kind=kind,
                     macs=node_macs(graph, head) if kind in MAC_KINDS else 0, elements=aligned_elements(graph.shapes.get(last.outputs[0])),
@@ -158,24 +161,27 @@ def layers(graph: Graph, target: Target) -> dict[str, Layer]:
 
 
 @dataclass(frozen=True)
-class LayerCoefficients:
-    """One kind's price in one precision: ``fixed_us + max(macs / macs_per_us, elements / elements_per_us)``."""
+class LayerPrice:
+    """One kind's price in one precision, microseconds: ``fixed + max(per_mmac x MACs / 1e6, per_kelem_in x
+    input elements / 1e3, per_kelem_out x output elements / 1e3)``."""
 
-    fixed_us: float = 1.0
-    macs_per_us: float = 0.0        # 0: not MAC-bound
-    elements_per_us: float = 10000.0
+    fixed: float = 0.0
+    per_mmac: float = 0.0
+    per_kelem_in: float = 0.0
+    per_kelem_out: float = 0.0
 
-    def us(self, macs: int, elems: int) -> float:
-        t = elems / self.elements_per_us if self.elements_per_us > 0 else 0.0
-        if self.macs_per_us > 0:
-            t = max(t, macs / self.macs_per_us)
-        return self.fixed_us + t
+    FIELDS = ("fixed", "per_mmac", "per_kelem_in", "per_kelem_out")
 
-    @classmethod
-    def from_dict(cls, d: Any) -> LayerCoefficients:
-        if isinstance(d, (list, tuple)):
-            d = dict(zip(("fixed_us", "macs_per_us", "elements_per_us"), d))
-        return cls(**{k: float(v) for k, v in dict(d).items()})
+    def us(self, macs: float, in_elems: float, out_elems: float) -> float:
+        return self.fixed + max(self.per_mmac * macs / 1e6, self.per_kelem_in * in_elems / 1e3,
+                                self.per_kelem_out * out_elems / 1e3)
+
+    def scaled(self, k: float) -> LayerPrice:
+        return LayerPrice(*(k * v for v in self.as_list()))
 
     def as_list(self) -> list[float]:
-        return [self.fixed_us, self.macs_per_us, self.elements_per_us]
+        return [self.fixed, self.per_mmac, self.per_kelem_in, self.per_kelem_out]
+
+    @classmethod
+    def from_list(cls, values: Any) -> LayerPrice:
+        return cls(*(float(v) for v in values))

@@ -23,8 +23,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tuner.cost.bpu import LayerPrice
 from tuner.cost.hbdk import NodeQtypes, SubgraphEstimate
-from tuner.cost.latency import GLOBAL_TERMS, SCALES, BpuCoefficients, CostModel, Precision, scale_of, term_names
+from tuner.cost.latency import (
+    GLOBAL_TERMS,
+    PRECISIONS,
+    SCALES,
+    BpuCoefficients,
+    CostModel,
+    LayerUse,
+    Precision,
+    price_features,
+    scale_of,
+)
 from tuner.simulate.plan import Plan
 
 
@@ -64,25 +75,30 @@ def real_precision(model: CostModel, plan: Plan, qtypes: Mapping[str, NodeQtypes
 
 @dataclass(frozen=True)
 class Sample:
-    """One real compile of one model, as the fits use it."""
+    """One real compile of one model, as the fits use it: its BPU layers and subgraph-level amounts (which
+    the fits price again with the coefficients being fitted), hbdk's total, and hbdk's per-layer rows
+    matched to the layers."""
 
     model: str
     name: str
-    features: tuple[dict[str, float], ...]         # per subgraph, modeled
-    hbdk_us: float                                 # hbdk's estimate, all subgraphs
-    layers: tuple[tuple[dict[str, float], float], ...] = ()   # per matched layer row: (terms, observed us)
+    uses: tuple[LayerUse, ...]
+    extras: Mapping[int, Mapping[str, float]]
+    hbdk_us: float                                          # hbdk's estimate, all subgraphs
+    rows: tuple[tuple[LayerUse, float], ...] = ()           # (layer, observed us) for the per-layer fit
+
+    def features(self, c: BpuCoefficients) -> list[dict[str, float]]:
+        return price_features(self.uses, self.extras, c)
 
 
-def layer_sample_rows(model: CostModel, p: Precision, estimates: Sequence[SubgraphEstimate],
-                      load_store_share: float) -> list[tuple[dict[str, float], float]]:
-    """hbdk's per-layer rows matched to the model's layers by name: (terms, compute + share x load/store)."""
-    rows = {r.node: r for s in estimates for r in s.layers}
-    out = []
-    for head, _, terms in model.layer_terms(p):
-        r = rows.get(head)
-        if r is not None:
-            out.append((terms, r.compute_us + load_store_share * r.load_store_us))
-    return out
+def make_sample(model: CostModel, p: Precision, hbdk_us: float, name: str = "", model_name: str = "",
+                estimates: Sequence[SubgraphEstimate] = (), load_store_share: float = 0.0) -> Sample:
+    """A sample of ``model`` under precision ``p``; with hbdk's per-layer tables (``estimates``) its layers
+    are matched to hbdk's rows by name: observed = computing cost + ``load_store_share`` x load/store."""
+    uses = tuple(model.layer_terms(p))
+    by_name = {r.node: r for s in estimates for r in s.layers}
+    rows = tuple((u, by_name[u.head].compute_us + load_store_share * by_name[u.head].load_store_us)
+                 for u in uses if u.head in by_name)
+    return Sample(model_name, name, uses, model.extras(p), hbdk_us, rows)
 
 
 def _nnls(a: np.ndarray, b: np.ndarray, prior: np.ndarray, ridge: np.ndarray, iters: int = 3000) -> np.ndarray:
@@ -104,68 +120,113 @@ def _nnls(a: np.ndarray, b: np.ndarray, prior: np.ndarray, ridge: np.ndarray, it
     return x
 
 
-def fit_layers(rows: Sequence[tuple[dict[str, float], float]], prior: BpuCoefficients, ridge: float = 0.05
-               ) -> BpuCoefficients:
-    """The per-layer terms, fitted to observed per-layer microseconds (relative errors, floored at 2 us)."""
-    names = [n for n in term_names() if n not in GLOBAL_TERMS and n != "out16_kelem"] + ["out16_kelem"]
-    used = [n for n in names if any(t.get(n, 0.0) for t, _ in rows)]
-    idx = {n: i for i, n in enumerate(used)}
-    a = np.zeros((len(rows), len(used)))
-    b = np.zeros(len(rows))
-    for i, (terms, us) in enumerate(rows):
-        w = 1.0 / max(us, 2.0)
-        for n, amount in terms.items():
-            if n in idx:
-                a[i, idx[n]] = amount * w
-        b[i] = us * w
-    p0 = np.array([prior.values.get(n, 0.0) for n in used])
-    scale = np.sqrt((a ** 2).sum(axis=0)) + 1e-12
-    x = _nnls(a / scale, b, p0 * scale, np.full(len(used), ridge))
-    values = dict(prior.values)
-    values.update({n: float(v) for n, v in zip(used, x / scale)})
-    return BpuCoefficients(values=values, source=prior.source)
+def fit_price(rows: Sequence[tuple[LayerUse, float]], prior: LayerPrice, ridge: float = 0.05, rounds: int = 20
+              ) -> LayerPrice:
+    """One kind's price in one precision from its rows: ``fixed + max(mac, input, output terms)`` on relative
+    errors (floored at 2 us). The max is fitted by alternation: each row is charged to the term that bounds
+    it under the current price, the prices are refitted (non-negative least squares, pulled toward the
+    prior), until the assignment settles."""
+    price = prior
+    if not rows:
+        return prior
+    work = np.array([[u.macs / 1e6, u.in_elements / 1e3, u.elements / 1e3] for u, _ in rows])
+    obs = np.array([us for _, us in rows])
+    w = 1.0 / np.maximum(obs, 2.0)
+    p0 = np.array(prior.as_list())
+    assign = None
+    for _ in range(rounds):
+        terms = work * np.array(price.as_list()[1:])
+        new_assign = terms.argmax(axis=1)
+        if assign is not None and np.array_equal(new_assign, assign):
+            break
+        assign = new_assign
+        a = np.zeros((len(rows), 4))
+        a[:, 0] = 1.0
+        for j in range(3):
+            a[assign == j, 1 + j] = work[assign == j, j]
+        aw = a * w[:, None]
+        scale = np.sqrt((aw ** 2).sum(axis=0)) + 1e-9
+        ridge_v = np.full(4, ridge)
+        x = _nnls(aw / scale, obs * w, p0 * scale, ridge_v) / scale
+        # a term no row is charged to keeps its prior
+        for j in range(3):
+            if not np.any(assign == j):
+                x[1 + j] = p0[1 + j]
+        price = LayerPrice.from_list(x)
+    return price
+
+
+def fit_layers(rows: Sequence[tuple[LayerUse, float]], prior: BpuCoefficients, ridge: float = 0.05,
+               outlier: float = 3.0) -> BpuCoefficients:
+    """Every kind's prices in both precisions (:func:`fit_price`) from hbdk's per-layer rows; a row more than
+    ``outlier`` times off its first fit is left out of the second (hbdk charges some layers for work that
+    is not theirs: on the example ~100 us of a layout conversion lands on one 96x160 element-wise layer
+    or another from one configuration to the next)."""
+    groups: dict[tuple[str, str], list[tuple[LayerUse, float]]] = {}
+    for u, us in rows:
+        groups.setdefault((u.kind, u.prec), []).append((u, us))
+    layers = dict(prior.layers)
+    for key, grp in groups.items():
+        first = fit_price(grp, prior.price(*key), ridge)
+        kept = [(u, us) for u, us in grp
+                if 1 / outlier <= max(us, 2.0) / max(first.us(u.macs, u.in_elements, u.elements), 2.0) <= outlier]
+        layers[key] = fit_price(kept, first, ridge) if kept else first
+    return BpuCoefficients(layers=layers, terms=dict(prior.terms), source=prior.source)
 
 
 def fit_totals(samples: Sequence[Sample], coefficients: BpuCoefficients, ridge: float = 0.01) -> BpuCoefficients:
-    """One multiplier of the layer terms and the subgraph-level terms (requantize, I/O, per subgraph),
-    fitted to hbdk's totals on relative errors."""
-    cols = ["layers", "requant_kelem", "io_kbyte", "subgraph"]
+    """One multiplier of the layer prices and the subgraph-level terms, fitted to hbdk's totals (relative
+    errors): how much of the per-layer sum survives the overlap of layers, and what the rest costs. Every
+    model gets its own constant, so that a term is fitted on what changes between one model's compiles,
+    not on what tells the models apart; the shipped ``model`` term is the median of those constants."""
+    models = sorted({s.model for s in samples})
+    cols = ["layers"] + [t for t in GLOBAL_TERMS if t != "model"] + [f"model:{m}" for m in models]
     a = np.zeros((len(samples), len(cols)))
     b = np.zeros(len(samples))
-    v = coefficients.values
     for i, s in enumerate(samples):
         w = 1.0 / s.hbdk_us
-        for f in s.features:
+        for f in s.features(coefficients):
             for n, amount in f.items():
-                if n in cols:
-                    a[i, cols.index(n)] += amount * w
-                else:
-                    a[i, 0] += v.get(n, 0.0) * amount * w
+                j = 0 if n in PRECISIONS else cols.index(f"model:{s.model}" if n == "model" else n)
+                a[i, j] += amount * w
         b[i] = s.hbdk_us * w
-    prior = np.array([1.0] + [v.get(c, 0.0) for c in cols[1:]])
+    prior = np.array([1.0] + [coefficients.terms.get(c, 0.0) for c in cols[1:]])
     scale = np.sqrt((a ** 2).sum(axis=0)) + 1e-12
     x = _nnls(a / scale, b, prior * scale, np.full(len(cols), ridge)) / scale
-    values = {n: (val * x[0] if n not in cols else val) for n, val in v.items()}
-    values.update({c: float(x[j]) for j, c in enumerate(cols) if j})
-    return BpuCoefficients(values=values, source=coefficients.source)
+    terms = {c: float(x[j]) for j, c in enumerate(cols) if j and not c.startswith("model:")}
+    terms["model"] = float(np.median([x[cols.index(f"model:{m}")] for m in models])) if models else 0.0
+    return BpuCoefficients(layers={k: p.scaled(float(x[0])) for k, p in coefficients.layers.items()},
+                           terms=terms, source=coefficients.source)
 
 
 def fit_scales(samples: Sequence[Sample], coefficients: BpuCoefficients, ridge: float = 0.02) -> dict[str, float]:
-    """``tuner latency fit``: per-model scales of the int8 layer terms, the int16 terms and the subgraph I/O
-    terms, fitted to a handful of compiles of one model on relative errors, pulled toward 1 (ridge): a
-    scale no compile informs stays 1."""
+    """``tuner latency fit``: this model's constant (``model``, us), and scales of the int16 terms and of the
+    I/O terms, fitted to a handful of compiles of one model on relative errors; the int8 layers keep the
+    shipped prices (their misfit on a model is mostly a constant: the constant takes it). Pulled toward the
+    shipped values (ridge): a term no compile informs stays as shipped."""
+    fixed = np.zeros(len(samples))
     a = np.zeros((len(samples), len(SCALES)))
     b = np.zeros(len(samples))
-    v = coefficients.values
     for i, s in enumerate(samples):
         w = 1.0 / s.hbdk_us
-        for f in s.features:
+        for f in s.features(coefficients):
             for n, amount in f.items():
-                a[i, SCALES.index(scale_of(n))] += v.get(n, 0.0) * amount * w
-        b[i] = s.hbdk_us * w
-    x = _nnls(a, b, np.ones(len(SCALES)), np.full(len(SCALES), ridge))
+                unit = 1.0 if n in PRECISIONS else coefficients.terms.get(n, 0.0)
+                group = scale_of(n)
+                if group == "model":
+                    a[i, SCALES.index("model")] += amount * w
+                elif group in SCALES:
+                    a[i, SCALES.index(group)] += unit * amount * w
+                else:
+                    fixed[i] += unit * amount * w
+        b[i] = s.hbdk_us * w - fixed[i]
+    prior = np.array([coefficients.terms.get("model", 0.0) if k == "model" else 1.0 for k in SCALES])
+    # the constant in units of the first sample's total, so one ridge weighs all three alike
+    units = np.array([max(samples[0].hbdk_us, 1.0) if k == "model" else 1.0 for k in SCALES]) if samples else \
+        np.ones(len(SCALES))
+    x = _nnls(a * units, b, prior / units, np.full(len(SCALES), ridge)) * units
     return {k: float(round(val, 4)) for k, val in zip(SCALES, x)}
 
 
 def modeled_us(sample: Sample, coefficients: BpuCoefficients) -> float:
-    return sum(coefficients.us(f) for f in sample.features)
+    return sum(coefficients.us(f) for f in sample.features(coefficients))

@@ -129,6 +129,23 @@ def read_subgraph_json(path: str | Path) -> SubgraphEstimate | None:
         return None
 
 
+def subgraph_estimates(folder: str | Path) -> list[SubgraphEstimate]:
+    """Every ``<subgraph>.json`` of a debug build in ``folder`` (hb_mapper's ``working_dir``), in the order
+    of their subgraph numbers. Found by content, not by the log's name: a model named with spaces
+    ("Model from PaddlePaddle.") gives a subgraph file name the log line does not show whole."""
+    out = []
+    for path in Path(folder).glob("*.json"):
+        est = read_subgraph_json(path)
+        if est is not None:
+            out.append(est)
+
+    def number(e: SubgraphEstimate) -> tuple[int, str]:
+        m = re.search(r"subgraph_(\d+)$", e.name)
+        return (int(m.group(1)) if m else 0, e.name)
+
+    return sorted(out, key=number)
+
+
 @dataclass(frozen=True)
 class NodeQtypes:
     """One node of hb_mapper's calibrated model: its op and the qtype of each input and output it reads

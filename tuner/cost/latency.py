@@ -29,14 +29,14 @@ that board and firmware (:class:`BoardFit`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tuner.cost.bpu import KINDS, MAC_KINDS, Layer, aligned_elements, elements, layers, node_macs, op_kind
+from tuner.cost.bpu import KINDS, MAC_KINDS, Layer, LayerPrice, aligned_elements, elements, layers, node_macs, op_kind
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.simulate.plan import Plan
@@ -48,41 +48,41 @@ __all__ = ["COEFFICIENTS", "BoardFit", "BpuCoefficients", "CostModel", "LatencyB
 COEFFICIENTS = ("cpu_macs_per_s", "cpu_bytes_per_s", "cpu_op_overhead_s", "switch_elements_per_s",
                 "switch_overhead_s", "subgraph_overhead_s")
 PRECISIONS = ("int8", "int16")
-#: The per-layer terms of one kind and precision: a count, MACs (millions), output elements (thousands).
-TERMS = ("fixed", "mmac", "kelem")
 #: The subgraph-level terms: an int16 output's write (thousand elements), a requantized tensor (thousand
-#: elements), the DDR traffic in and out of a subgraph (kilobytes), a subgraph.
-GLOBAL_TERMS = ("out16_kelem", "requant_kelem", "io_kbyte", "subgraph")
-#: The scales ``tuner latency fit`` refines per model, and the terms each scales.
-SCALES = ("int8", "int16", "io")
+#: elements), the DDR traffic of the model's inputs and outputs and of the tensors cut between a subgraph
+#: and the rest (kilobytes), a tensor cut between BPU and CPU inside
+#: the model (hbdk's layers next to a cut were measured 30-70 us slower in all: the example's three
+#: CPU-cut Convs), a subgraph, and the model itself (a constant per model).
+GLOBAL_TERMS = ("out16_kelem", "requant_kelem", "io_kbyte", "cut_kbyte", "cut_tensor", "subgraph", "model")
+#: What ``tuner latency fit`` refines per model: a constant added to the model (``model``, us: what this
+#: model costs that its layers' prices miss, e.g. the example's ~200 us of layout conversions hbdk charges
+#: to its full-resolution element-wise layers), a scale of the int16 terms (int16 layers, writes,
+#: requantizes) and a scale of the I/O terms (DDR traffic, cut tensors, subgraphs).
+SCALES = ("model", "int16", "io")
+_SCALE_OF = {"int8": "int8", "int16": "int16", "out16_kelem": "int16", "requant_kelem": "int16",
+             "io_kbyte": "io", "cut_kbyte": "io", "cut_tensor": "io", "subgraph": "io", "model": "model"}
 _BYTES = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float": 4}
 
 
-def term_names() -> list[str]:
-    return [f"{k}.{p}.{t}" for k in KINDS for p in PRECISIONS for t in TERMS] + list(GLOBAL_TERMS)
-
-
 def scale_of(term: str) -> str:
-    """Which per-model scale a term belongs to."""
-    if term in ("io_kbyte", "subgraph"):
-        return "io"
-    if term in ("out16_kelem", "requant_kelem") or ".int16." in term:
-        return "int16"
-    return "int8"
+    """Which per-model scale a subgraph feature (:meth:`CostModel.features`) belongs to."""
+    return _SCALE_OF[term]
 
 
 @dataclass(frozen=True)
 class BpuCoefficients:
-    """hbdk O3 estimate = sum over terms of coefficient x feature, in microseconds (see the module doc).
-    ``values``: term name -> microseconds per unit; a term missing costs nothing."""
+    """hbdk's O3 estimate in microseconds: the layers' prices per kind and input precision
+    (:class:`tuner.cost.bpu.LayerPrice`) and the subgraph-level terms (:data:`GLOBAL_TERMS`, microseconds
+    per unit). A kind without a price costs as ``other``."""
 
-    values: Mapping[str, float]
+    layers: Mapping[tuple[str, str], LayerPrice]
+    terms: Mapping[str, float]
     source: str = ""
 
     @classmethod
     def from_target(cls, target: Target) -> BpuCoefficients:
         """The target's ``cost.bpu``; a target without one (no compiler fit for its march) has its
-        roofline estimates (``bpu_macs_per_s``, ``bpu_bytes_per_s``, ...) in the same terms."""
+        roofline estimates (``bpu_macs_per_s``, ``bpu_bytes_per_s``, ...) in the same form."""
         cost = target.raw.get("cost") or {}
         raw = cost.get("bpu")
         if isinstance(raw, dict):
@@ -100,48 +100,50 @@ class BpuCoefficients:
         fixed = c["bpu_op_overhead_s"] * 1e6
         us_mmac = 1e12 / c["bpu_macs_per_s"]
         us_kbyte = 1e9 / c["bpu_bytes_per_s"]
-        values: dict[str, float] = {}
+        lay = {}
         for kind in KINDS:
             for prec, mac_f, byte_f in (("int8", 1.0, 1.0), ("int16", c["int16_mac_factor"], c["int16_byte_factor"])):
-                values[f"{kind}.{prec}.fixed"] = fixed
-                values[f"{kind}.{prec}.mmac"] = us_mmac * mac_f if kind in MAC_KINDS else 0.0
-                values[f"{kind}.{prec}.kelem"] = 2 * us_kbyte * byte_f     # read and written
-        values["io_kbyte"] = us_kbyte
-        return cls(values=values, source=f"roofline estimates for {march} (no compiler fit)")
+                lay[(kind, prec)] = LayerPrice(fixed, us_mmac * mac_f if kind in MAC_KINDS else 0.0,
+                                               us_kbyte * byte_f, us_kbyte * byte_f)
+        return cls(layers=lay, terms={"io_kbyte": us_kbyte}, source=f"roofline estimates for {march} (no compiler fit)")
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> BpuCoefficients:
-        values: dict[str, float] = {}
+        lay = {}
         for kind, per in (raw.get("layers") or {}).items():
             if kind not in KINDS:
                 raise TunerError(f"cost.bpu.layers: unknown kind {kind!r} (known: {', '.join(KINDS)})")
-            for prec, triple in (per or {}).items():
-                if prec not in PRECISIONS or not isinstance(triple, (list, tuple)) or len(triple) != 3:
-                    raise TunerError(f"cost.bpu.layers.{kind}.{prec}: expected [fixed_us, us_per_mmac, us_per_kelem]")
-                for t, v in zip(TERMS, triple):
-                    values[f"{kind}.{prec}.{t}"] = float(v)
-        for t in GLOBAL_TERMS:
-            if t in raw:
-                values[t] = float(raw[t])
-        return cls(values=values, source=str(raw.get("source", "")))
+            for prec, values in (per or {}).items():
+                if prec not in PRECISIONS or not isinstance(values, (list, tuple)) or len(values) != 4:
+                    raise TunerError(f"cost.bpu.layers.{kind}.{prec}: expected [fixed_us, us_per_mmac, "
+                                     "us_per_kelem_in, us_per_kelem_out]")
+                lay[(kind, prec)] = LayerPrice.from_list(values)
+        terms = {t: float(raw[t]) for t in GLOBAL_TERMS if t in raw}
+        return cls(layers=lay, terms=terms, source=str(raw.get("source", "")))
 
     def to_dict(self) -> dict[str, Any]:
         lay: dict[str, dict[str, list[float]]] = {}
-        for kind in KINDS:
-            for prec in PRECISIONS:
-                triple = [round(self.values.get(f"{kind}.{prec}.{t}", 0.0), 6) for t in TERMS]
-                if any(triple):
-                    lay.setdefault(kind, {})[prec] = triple
+        for (kind, prec), price in sorted(self.layers.items(),
+                                          key=lambda kv: (KINDS.index(kv[0][0]), PRECISIONS.index(kv[0][1]))):
+            lay.setdefault(kind, {})[prec] = [round(v, 6) for v in price.as_list()]
         out: dict[str, Any] = {"source": self.source, "layers": lay}
-        out.update({t: round(self.values.get(t, 0.0), 6) for t in GLOBAL_TERMS})
+        out.update({t: round(self.terms.get(t, 0.0), 6) for t in GLOBAL_TERMS})
         return out
 
+    def price(self, kind: str, prec: str) -> LayerPrice:
+        return self.layers.get((kind, prec)) or self.layers.get(("other", prec)) or LayerPrice()
+
     def scaled(self, scales: Mapping[str, float]) -> BpuCoefficients:
-        return replace(self, values={k: v * scales.get(scale_of(k), 1.0) for k, v in self.values.items()})
+        """These coefficients refined for one model: ``int8``/``int16``/``io`` scale their terms, ``model``
+        replaces the per-model constant (microseconds)."""
+        terms = {k: v * scales.get(scale_of(k), 1.0) for k, v in self.terms.items() if k != "model"}
+        terms["model"] = float(scales.get("model", self.terms.get("model", 0.0)))
+        return replace(self, layers={k: p.scaled(scales.get(k[1], 1.0)) for k, p in self.layers.items()},
+                       terms=terms)
 
     def us(self, features: Mapping[str, float]) -> float:
-        v = self.values
-        return sum(v.get(k, 0.0) * x for k, x in features.items())
+        """A subgraph's estimate from its features (:meth:`CostModel.features`, priced with these layers)."""
+        return sum(x if k in PRECISIONS else self.terms.get(k, 0.0) * x for k, x in features.items())
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class ModelFit:
                    created=str(d.get("created", "")))
 
     def describe(self) -> str:
-        s = ", ".join(f"{k} x{v:.2f}" for k, v in self.scales.items())
+        s = ", ".join(f"{k} {v:+.0f} us" if k == "model" else f"{k} x{v:.2f}" for k, v in self.scales.items())
         return f"fitted to {len(self.samples)} real compile(s) of this model ({s})"
 
 
@@ -235,6 +237,20 @@ class Precision:
                    reads={t: frozenset(d) for t, d in reads.items()}, out_dtype=plan.out_dtype)
 
 
+@dataclass(frozen=True)
+class LayerUse:
+    """One BPU layer of one plan (:meth:`CostModel.layer_terms`)."""
+
+    head: str            # the layer's name in hbdk's table (a fused Conv's row is ``<head>-conv``)
+    subgraph: int
+    kind: str
+    prec: str            # the precision of its input: int8 or int16
+    macs: int
+    in_elements: int
+    elements: int        # its output, as laid out on the BPU
+    out16: bool
+
+
 class CostModel:
     """Latency of plans of one graph on one target. Per-node work is computed once per graph.
 
@@ -262,8 +278,8 @@ class CostModel:
         self._aligned = {t: aligned_elements(s) for t, s in graph.shapes.items()}
 
     # ------------------------------------------------------------------ BPU (hbdk's estimate)
-    def layer_terms(self, p: Precision) -> list[tuple[str, int, dict[str, float]]]:
-        """Per BPU layer: (its name in hbdk's table, its subgraph, term -> amount)."""
+    def layer_terms(self, p: Precision) -> list[LayerUse]:
+        """Every BPU layer of the plan: its name in hbdk's table, subgraph, kind, input precision, work."""
         g = self.graph
         out = []
         seen: set[str] = set()
@@ -278,32 +294,34 @@ class CostModel:
                 continue
             seen.add(head)
             if whole:
-                members = [m for m in lay.members if p.placement.get(m) == "BPU"]
-                kind, macs, elems = lay.kind, lay.macs, lay.elements
+                last = [m for m in lay.members if p.placement.get(m) == "BPU"][-1]
+                kind, macs, ins, elems = lay.kind, lay.macs, lay.in_elements, lay.elements
             else:
-                members = [node.name]
+                last = node.name
                 kind = op_kind(g, node)
                 macs = self.macs[node.name] if kind in MAC_KINDS else 0
+                ins = sum(self._aligned.get(t, 0) for t in node.inputs if g.is_activation(t))
                 elems = self._aligned.get(node.outputs[0], 0) if node.outputs else 0
-            prec = "int16" if head in p.in16 else "int8"
-            terms = {f"{kind}.{prec}.fixed": 1.0, f"{kind}.{prec}.mmac": macs / 1e6, f"{kind}.{prec}.kelem": elems / 1e3}
-            if members[-1] in p.out16:
-                terms["out16_kelem"] = elems / 1e3
-            out.append((head, p.subgraph.get(node.name, 0), terms))
+            out.append(LayerUse(head, p.subgraph.get(node.name, 0), kind, "int16" if head in p.in16 else "int8",
+                                macs, ins, elems, last in p.out16))
         return out
 
-    def features(self, p: Precision) -> list[dict[str, float]]:
-        """Per BPU subgraph (in the order of their ids): term -> amount (:func:`term_names`)."""
+    def features(self, p: Precision, coefficients: BpuCoefficients | None = None) -> list[dict[str, float]]:
+        """Per BPU subgraph (in the order of their ids): the layers' microseconds by input precision
+        (``int8``, ``int16``, priced with ``coefficients``) and the subgraph-level amounts (:data:`GLOBAL_TERMS`)."""
+        return price_features(self.layer_terms(p), self.extras(p), coefficients or self.bpu)
+
+    def extras(self, p: Precision) -> dict[int, dict[str, float]]:
+        """Per BPU subgraph id: the amounts of the subgraph-level terms (requantized tensors, I/O, the
+        subgraph itself); the int16 writes are per layer (:meth:`layer_terms`)."""
         g = self.graph
-        subs: dict[int, dict[str, float]] = {}
+        subs: dict[int, dict[str, float]] = {sub: {} for sub in {p.subgraph.get(n, 0) for n, w in p.placement.items()
+                                                                  if w == "BPU"}}
 
         def add(sub: int, term: str, x: float) -> None:
             f = subs.setdefault(sub, {})
             f[term] = f.get(term, 0.0) + x
 
-        for _, sub, terms in self.layer_terms(p):
-            for t, x in terms.items():
-                add(sub, t, x)
         # tensors read in two precisions on the BPU: hbdk's Requantize layers
         for tensor, dtypes in p.reads.items():
             producer = g.producer.get(tensor)
@@ -316,15 +334,34 @@ class CostModel:
                 sub = p.subgraph.get(producer.name, 0) if producer is not None else min(subs or {0: {}})
                 add(sub, "requant_kelem", self._aligned.get(tensor, 0) / 1e3)
         # DDR traffic in and out of every subgraph
-        for sub, kbytes in self._io_kbytes(p).items():
-            add(sub, "io_kbyte", kbytes)
+        for (sub, term), kbytes in self._io_kbytes(p).items():
+            add(sub, term, kbytes)
+        # tensors cut between the BPU and a CPU node, once per tensor and side (model inputs and outputs
+        # are not cuts)
+        cut: set[tuple[str, int]] = set()
+        for node in g:
+            here = p.placement.get(node.name)
+            for t in node.inputs:
+                producer = g.producer.get(t)
+                if producer is None or not g.is_activation(t):
+                    continue
+                there = p.placement.get(producer.name)
+                if here != there:
+                    sub = p.subgraph.get((producer if there == "BPU" else node).name, 0)
+                    if (t, sub) not in cut:
+                        cut.add((t, sub))
+                        add(sub, "cut_tensor", 1.0)
         for sub in subs:
             add(sub, "subgraph", 1.0)
-        return [subs[k] for k in sorted(subs)]
+        if subs:
+            add(min(subs), "model", 1.0)
+        return subs
 
-    def _io_kbytes(self, p: Precision) -> dict[int, float]:
+    def _io_kbytes(self, p: Precision) -> dict[tuple[int, str], float]:
+        """Kilobytes each subgraph loads and stores at its edges, as (subgraph, term): the model's own inputs
+        and outputs (``io_kbyte``), and tensors to and from CPU nodes or other subgraphs (``cut_kbyte``)."""
         g = self.graph
-        out: dict[int, float] = {}
+        out: dict[tuple[int, str], float] = {}
         counted: set[tuple[str, int]] = set()
         for node in g:
             if p.placement.get(node.name) != "BPU":
@@ -337,21 +374,22 @@ class CostModel:
                 if producer is None or p.placement.get(producer.name) != "BPU" or p.subgraph.get(producer.name) != sub:
                     counted.add((t, sub))
                     d = "int16" if node.name in p.in16 else "int8"
-                    out[sub] = out.get(sub, 0.0) + elements(g.shapes.get(t)) * _BYTES[d] / 1e3
+                    key = (sub, "io_kbyte" if producer is None else "cut_kbyte")
+                    out[key] = out.get(key, 0.0) + elements(g.shapes.get(t)) * _BYTES[d] / 1e3
             for t in node.outputs:
                 readers = g.consumers.get(t, [])
-                leaves = t in g.output_names or any(p.placement.get(c.name) != "BPU"
-                                                    or p.subgraph.get(c.name) != sub for c, _ in readers)
-                if leaves and (t, -1 - sub) not in counted:
+                cut = any(p.placement.get(c.name) != "BPU" or p.subgraph.get(c.name) != sub for c, _ in readers)
+                if (t in g.output_names or cut) and (t, -1 - sub) not in counted:
                     counted.add((t, -1 - sub))
                     d = p.out_dtype.get(node.name, "int8")
-                    out[sub] = out.get(sub, 0.0) + elements(g.shapes.get(t)) * _BYTES.get(d, 1) / 1e3
+                    key = (sub, "io_kbyte" if t in g.output_names else "cut_kbyte")
+                    out[key] = out.get(key, 0.0) + elements(g.shapes.get(t)) * _BYTES.get(d, 1) / 1e3
         return out
 
     def compiler_us(self, p: Precision, coefficients: BpuCoefficients | None = None) -> list[float]:
         """The modeled hbdk estimate per BPU subgraph, in microseconds."""
         c = coefficients or self.bpu
-        return [c.us(f) for f in self.features(p)]
+        return [c.us(f) for f in self.features(p, c)]
 
     # ------------------------------------------------------------------ the whole
     def bpu_seconds(self, name: str, int16: bool) -> float:
@@ -359,14 +397,7 @@ class CostModel:
         ms = self.profile[name]["bpu_ms"]
         if not int16:
             return ms / 1e3
-        lay = self.layers[name]
-        v = self.shipped.values
-
-        def at(prec: str) -> float:
-            return (v.get(f"{lay.kind}.{prec}.fixed", 0.0) + v.get(f"{lay.kind}.{prec}.mmac", 0.0) * lay.macs / 1e6
-                    + v.get(f"{lay.kind}.{prec}.kelem", 0.0) * lay.elements / 1e3)
-
-        ratio = at("int16") / at("int8") if at("int8") > 0 else 1.0
+        ratio = self._layer_us(name, "int16", self.shipped) / max(self._layer_us(name, "int8", self.shipped), 1e-9)
         return ms / 1e3 * max(ratio, 1.0)
 
     def cpu_seconds(self, name: str) -> float:
@@ -425,11 +456,25 @@ class CostModel:
             if i is None:
                 continue
             prec = "int16" if name in p.in16 else "int8"
-            v = self.bpu.values
-            modeled = (v.get(f"{lay.kind}.{prec}.fixed", 0.0) + v.get(f"{lay.kind}.{prec}.mmac", 0.0) * lay.macs / 1e6
-                       + v.get(f"{lay.kind}.{prec}.kelem", 0.0) * lay.elements / 1e3)
-            per_sub[i] += self.bpu_seconds(name, prec == "int16") * 1e6 - modeled
+            per_sub[i] += self.bpu_seconds(name, prec == "int16") * 1e6 - self._layer_us(name, prec, self.bpu)
         return per_sub
+
+    def _layer_us(self, name: str, prec: str, c: BpuCoefficients) -> float:
+        lay = self.layers[name]
+        return c.price(lay.kind, prec).us(lay.macs, lay.in_elements, lay.elements)
+
+
+def price_features(uses: Iterable[LayerUse], extras: Mapping[int, Mapping[str, float]], c: BpuCoefficients
+                   ) -> list[dict[str, float]]:
+    """Per subgraph (by id): the layers priced with ``c`` (microseconds, by input precision), the int16
+    writes, and ``extras``."""
+    subs: dict[int, dict[str, float]] = {k: dict(v) for k, v in extras.items()}
+    for u in uses:
+        f = subs.setdefault(u.subgraph, {})
+        f[u.prec] = f.get(u.prec, 0.0) + c.price(u.kind, u.prec).us(u.macs, u.in_elements, u.elements)
+        if u.out16:
+            f["out16_kelem"] = f.get("out16_kelem", 0.0) + u.elements / 1e3
+    return [subs[k] for k in sorted(subs)]
 
 
 def load_profile(path: str | Path) -> dict[str, dict[str, float]]:

@@ -53,7 +53,7 @@ OUT_DIR = "model_output"
 #: A bump invalidates every cached run (a change of what a run records).
 RUN_FORMAT = 1
 
-_SUBGRAPH_RE = re.compile(r"Compile submodel:\s*(\S+)")
+_SUBGRAPH_RE = re.compile(r"Compile submodel:\s*(.+?)\s*$")
 _COST_RE = re.compile(r"FPS=([\d.]+),\s*latency\s*=\s*([\d.]+)\s*us,\s*DDR\s*=\s*(\d+)\s*bytes")
 _ERROR_RE = re.compile(r"error message:\s*(.+)$")
 _US_RE = re.compile(r"([\d.]+)\s*us")
