@@ -189,7 +189,7 @@ def fit(args: argparse.Namespace) -> int:
         print(json.dumps({**mf.to_json(), "path": str(path)}, indent=2))
         return 0
     print(table(["compile", "hbdk ms", "modeled (shipped)", "modeled (fitted)", "fitted vs hbdk", "seconds"], rows))
-    print(f"\nfitted: {mf.describe().split('(', 1)[1].rstrip(')')}  ({time.perf_counter() - t0:.0f} s)")
+    print(f"\n{mf.describe()}  ({time.perf_counter() - t0:.0f} s)")
     print(f"kept for this model ({ws.model.fingerprint[:12]}, {ws.target.march}): {path}")
     print("tuner eval and tuner search use it for this model")
     return 0
