@@ -156,11 +156,6 @@ class NodeQtypes:
     inputs: tuple[str | None, ...]
     outputs: tuple[str | None, ...]
 
-    @property
-    def int16(self) -> bool:
-        return "int16" in self.inputs[:1] or "int16" in self.inputs[1:2] and self.op_type != "Conv" \
-            or "int16" in self.outputs
-
 
 def calibrated_qtypes(path: str | Path) -> dict[str, NodeQtypes]:
     """Per node of ``*_calibrated_model.onnx`` (HzCalibration nodes excepted): what is really int16.
