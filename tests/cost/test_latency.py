@@ -138,10 +138,17 @@ def test_a_model_fit_is_used_and_said(setup):
 def test_board_scales_the_bpu_part(setup):
     graph, target, cm = setup
     plan = plan_of(setup)
-    board = CostModel(graph, target, board=BoardFit(per_estimate=2.0, fixed_ms=0.5)).latency(plan)
     base = cm.latency(plan)
-    assert board.bpu_ms == pytest.approx(2.0 * base.compiler_ms)
-    assert board.switch_ms == pytest.approx(base.switch_ms + 0.5)
+    scaled = CostModel(graph, target, board=BoardFit(per_estimate=2.0)).latency(plan)
+    assert scaled.bpu_ms == pytest.approx(2.0 * base.compiler_ms) and scaled.switch_ms == base.switch_ms
+    # a board's fit replaces the outputs' transfer and the fixed cost: seg [1,3,16,16] + depth [1,1,16,16]
+    board = CostModel(graph, target, board=BoardFit(per_estimate=1.0, per_output_mb=1.0, fixed_ms=0.5,
+                                                    label="desk")).latency(plan)
+    out_mb = 4 * (3 + 1) * 16 * 16 / 1e6
+    none = CostModel(graph, target, board=BoardFit(per_estimate=1.0, per_output_mb=0.0, fixed_ms=0.0,
+                                                   label="desk")).latency(plan)
+    assert board.switch_ms == pytest.approx(none.switch_ms + out_mb + 0.5)
+    assert none.switch_ms < base.switch_ms
 
 
 def test_coefficients_round_trip(setup):

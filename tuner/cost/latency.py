@@ -176,8 +176,9 @@ class ModelFit:
 @dataclass(frozen=True)
 class BoardFit:
     """board_ms = per_estimate x hbdk estimate + per_output_mb x MB of float32 model outputs + fixed_ms,
-    for one board and firmware (``tuner latency board``, :mod:`tuner.cost.board`). The default is the
-    public zoo campaign's fit (the target's ``cost.board``)."""
+    for one board and firmware (``tuner latency board``, :mod:`tuner.cost.board`). Without a label (the
+    target's ``cost.board``) only ``per_estimate`` applies and the switches are tuner's estimates; a
+    board's fit (labelled) also replaces the estimates of the model outputs' transfer and the fixed cost."""
 
     per_estimate: float = 1.0
     per_output_mb: float = 0.0
@@ -426,17 +427,25 @@ class CostModel:
                 prod = self.graph.producer.get(t)
                 if (prod is None and here == "BPU") or (prod is not None and plan.placement[prod.name] != here):
                     boundary.add(t)
-        for t in self.graph.output_names:
-            prod = self.graph.producer.get(t)
-            if prod is not None and plan.placement[prod.name] == "BPU":
-                boundary.add(t)
-        switch_elems = sum(elements(self.graph.shapes.get(t)) for t in boundary)
-        switch = switch_elems / c["switch_elements_per_s"] + len(boundary) * c["switch_overhead_s"] \
-            + plan.n_subgraphs * c["subgraph_overhead_s"]
+        outputs = {t for t in self.graph.output_names if (prod := self.graph.producer.get(t)) is not None
+                   and plan.placement[prod.name] == "BPU"}
         b = self.board
+        if b.label:
+            # a board fit measured the model outputs' transfer and the fixed cost per run on that board: they
+            # replace the estimates for those two; the CPU nodes and the tensors between them and the BPU
+            # keep tuner's estimates
+            inner = boundary - outputs
+            out_mb = sum(4 * elements(self.graph.shapes.get(t)) for t in outputs) / 1e6
+            switch = sum(elements(self.graph.shapes.get(t)) for t in inner) / c["switch_elements_per_s"] \
+                + len(inner) * c["switch_overhead_s"] + (b.per_output_mb * out_mb + b.fixed_ms) / 1e3
+        else:
+            boundary |= outputs
+            switch = sum(elements(self.graph.shapes.get(t)) for t in boundary) / c["switch_elements_per_s"] \
+                + len(boundary) * c["switch_overhead_s"] + plan.n_subgraphs * c["subgraph_overhead_s"]
+        boundary |= outputs
         int16_layers = len({self.layers[n].head for n in p.in16 | p.out16 if plan.placement.get(n) == "BPU"})
         return LatencyBreakdown(bpu_ms=b.per_estimate * compiler_ms, cpu_ms=cpu * 1e3,
-                                switch_ms=switch * 1e3 + b.fixed_ms, subgraphs=plan.n_subgraphs,
+                                switch_ms=switch * 1e3, subgraphs=plan.n_subgraphs,
                                 boundary_tensors=len(boundary), compiler_ms=compiler_ms,
                                 subgraph_ms=tuple(u / 1e3 for u in per_sub), int16_layers=int16_layers,
                                 fitted=self.fit.describe() if self.fit is not None else "")
