@@ -135,29 +135,111 @@ def node_macs(graph: Graph, node: Node) -> int:
 
 
 def layers(graph: Graph, target: Target) -> dict[str, Layer]:
-    """Every node's layer, keyed by node name (the members of a fusion group share their group's)."""
+    """Every node's layer, keyed by node name (the members of a layer share it): the fusion groups, with
+    the per-channel affine ops hbdk folds into a Conv (:func:`_folded_groups`)."""
     key = ("cost.layers", target.march, target.fusion_patterns, target.lut_ops)
     if key in graph.cache:
         return graph.cache[key]
     out: dict[str, Layer] = {}
-    group_of: dict[str, list[Node]] = {}
-    for group in fusion_groups(graph, target):
-        for n in group:
-            group_of[n.name] = group
-    for node in graph:
-        if node.name in out:
-            continue
-        group = group_of.get(node.name, [node])
-        head, last = group[0], group[-1]
+    for head, group in _folded_groups(graph, target):
+        inside = {n.name for n in group}
+        last = next(n for n in reversed(group) if not any(c.name in inside for o in n.outputs
+                                                          for c, _ in graph.consumers.get(o, [])))
         ins = sum(aligned_elements(graph.shapes.get(t)) for t in head.inputs if graph.is_activation(t))
         kind = op_kind(graph, head)
         lay = Layer(head=head.name, members=tuple(n.name for n in group), kind=kind,
-                    macs=node_macs(graph, head) if kind in MAC_KINDS else 0, elements=aligned_elements(graph.shapes.get(last.outputs[0])),
-                    in_elements=ins, out_tensor=last.outputs[0])
+                    macs=node_macs(graph, head) if kind in MAC_KINDS else 0,
+                    elements=aligned_elements(graph.shapes.get(last.outputs[0])), in_elements=ins,
+                    out_tensor=last.outputs[0])
         for n in group:
             out[n.name] = lay
     graph.cache[key] = out
     return out
+
+
+def _affine(graph: Graph, node: Node) -> bool:
+    """A per-channel scale (``HzChannelScale``) or an Add/Sub/Mul of a constant: what hbdk folds."""
+    if node.op_type == "HzChannelScale":
+        return True
+    return node.op_type in ("Add", "Sub", "Mul") and sum(1 for t in node.inputs if graph.is_activation(t)) == 1
+
+
+def _only_reader(graph: Graph, node: Node) -> Node | None:
+    t = node.outputs[0] if node.outputs else None
+    if t is None or t in graph.output_names:
+        return None
+    readers = graph.consumers.get(t, [])
+    return readers[0][0] if len(readers) == 1 else None
+
+
+def _pointwise(node: Node) -> bool:
+    """A 1x1 Conv without padding, stride or groups: an affine op before it folds into its weights."""
+    k = node.attr("kernel_shape", None)
+    return (node.op_type == "Conv" and k is not None and all(int(x) == 1 for x in k)
+            and not any(int(x) for x in node.attr("pads", [0]) or [0]) and int(node.attr("group", 1) or 1) == 1
+            and all(int(x) == 1 for x in node.attr("strides", [1]) or [1]))
+
+
+def _folded_groups(graph: Graph, target: Target) -> list[tuple[Node, list[Node]]]:
+    """(head, members) of every layer: the fusion groups, then per-channel affine ops folded the way
+    hbdk's O3 layer table of PP-OCRv4's detector shows them (its blocks are Conv -> HzChannelScale -> Add
+    -> HardSwish -> HzChannelScale -> Add -> Conv): after a Conv (or a per-channel scale) whose only
+    reader they are, they join its layer (``p2o.Conv.1`` has no ``p2o.Mul.0``/``p2o.Add.2`` rows after
+    it; an Add heading a chain of table ops leaves the chain for the Conv); before a pointwise Conv that
+    is their only reader, they join that Conv (``p2o.Mul.4``/``p2o.Add.6`` before the 1x1 ``p2o.Conv.2``
+    have no rows); before a 3x3 Conv they stay a layer of their own (``p2o.Mul.10`` before the padded
+    depthwise ``p2o.Conv.3``: one Conv row, its Add folded in as the bias)."""
+    group_of: dict[str, list[Node]] = {}
+    head_of: dict[int, Node] = {}
+    groups: list[list[Node]] = []
+
+    def new(g: list[Node]) -> list[Node]:
+        groups.append(g)
+        head_of[id(g)] = g[0]
+        for n in g:
+            group_of[n.name] = g
+        return g
+
+    for group in fusion_groups(graph, target):
+        new(list(group))
+    for node in graph:
+        if node.name not in group_of:
+            new([node])
+    # backward: an affine op joins the Conv-like layer before it
+    for node in graph:
+        g = group_of[node.name]
+        if not _affine(graph, node) or g[0] is not node or (len(g) > 1 and op_kind(graph, node) != "lut"):
+            continue
+        data = [t for t in node.inputs if graph.is_activation(t)]
+        producer = graph.producer.get(data[0]) if data else None
+        if producer is None:
+            continue
+        pg = group_of[producer.name]
+        if op_kind(graph, head_of[id(pg)]) not in ("conv", "dwconv", "deconv", "matmul") \
+                or _only_reader(graph, producer) is not node:
+            continue
+        g.remove(node)          # an Add heading a chain of table ops leaves the chain
+        if g:
+            head_of[id(g)] = g[0]
+        else:
+            groups.remove(g)
+        pg.append(node)
+        group_of[node.name] = pg
+    # forward: a layer of affine ops joins the pointwise Conv that reads it alone
+    for g in list(reversed(groups)):
+        if not all(_affine(graph, n) for n in g):
+            continue
+        inside = {n.name for n in g}
+        outs = [n for n in g if not any(c.name in inside for o in n.outputs for c, _ in graph.consumers.get(o, []))]
+        reader = _only_reader(graph, outs[-1]) if len(outs) == 1 else None
+        if reader is None or not _pointwise(reader) or head_of[id(group_of[reader.name])] is not reader:
+            continue
+        rg = group_of[reader.name]
+        rg[:0] = g
+        for n in g:
+            group_of[n.name] = rg
+        groups.remove(g)
+    return [(head_of[id(g)], g) for g in groups]
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,19 +40,30 @@ from tuner.cost.latency import (
 from tuner.simulate.plan import Plan
 
 
+def hb_aliases(graph: Any) -> dict[str, list[str]]:
+    """tuner node -> the user's ONNX names that tuner's optimizer replaced by it alone: hb_mapper may name
+    the same node after another of them (PP-OCRv4's HardSwish: tuner's ``p2o.Div.0``, hb's ``p2o.Mul.2``)."""
+    out: dict[str, list[str]] = {}
+    for name, rw in graph.names.rewrites.items():
+        if len(rw.nodes) == 1 and name not in graph.by_name and rw.nodes[0] in graph.by_name:
+            out.setdefault(rw.nodes[0], []).append(name)
+    return out
+
+
 def real_precision(model: CostModel, plan: Plan, qtypes: Mapping[str, NodeQtypes]) -> Precision:
     """The plan's placement and subgraphs with the real calibrated model's qtypes: a BPU node is int16
     where hb_mapper quantizes one of its activation inputs (output) in int16. Nodes hb_mapper's graph
     lacks keep the plan's precision."""
     g = model.graph
     plan_p = Precision.of_plan(plan)
+    aliases = hb_aliases(g)
     in16, out16 = set(), set()
     reads: dict[str, set[str]] = {}
     out_dtype = dict(plan.out_dtype)
     for node in g:
         if plan.placement.get(node.name) != "BPU":
             continue
-        q = qtypes.get(node.name)
+        q = qtypes.get(node.name) or next((qtypes[a] for a in aliases.get(node.name, ()) if a in qtypes), None)
         if q is None:
             if node.name in plan_p.in16:
                 in16.add(node.name)
@@ -96,9 +108,13 @@ def make_sample(model: CostModel, p: Precision, hbdk_us: float, name: str = "", 
     are matched to hbdk's rows by name: observed = computing cost + ``load_store_share`` x load/store."""
     uses = tuple(model.layer_terms(p))
     by_name = {r.node: r for s in estimates for r in s.layers}
-    rows = tuple((u, by_name[u.head].compute_us + load_store_share * by_name[u.head].load_store_us)
-                 for u in uses if u.head in by_name)
-    return Sample(model_name, name, uses, model.extras(p), hbdk_us, rows)
+    aliases = hb_aliases(model.graph)
+    rows = []
+    for u in uses:
+        r = by_name.get(u.head) or next((by_name[a] for a in aliases.get(u.head, ()) if a in by_name), None)
+        if r is not None:
+            rows.append((u, r.compute_us + load_store_share * r.load_store_us))
+    return Sample(model_name, name, uses, model.extras(p), hbdk_us, tuple(rows))
 
 
 def _nnls(a: np.ndarray, b: np.ndarray, prior: np.ndarray, ridge: np.ndarray, iters: int = 3000) -> np.ndarray:
