@@ -298,8 +298,8 @@ def breakdown_text(lat: Any, cm: Any) -> str:
     if cm.fit is not None:
         lines.append(f"           BPU model {cm.fit.describe()} (tuner latency fit)")
     else:
-        lines.append("           BPU model: the shipped constants (fitted to hbdk on other models; `tuner latency "
-                     "fit` fits them to this one)")
+        lines.append("           BPU model: the shipped constants (fitted to hbdk's estimates of the example, "
+                     "PP-OCRv4's detector and an op zoo; `tuner latency fit` fits them to this model)")
     if cm.board.label:
         lines.append(f"           board: {cm.board.label}")
     return "\n".join(lines)
