@@ -355,8 +355,9 @@ def load_samples(data: dict[str, Any], tmp: Path, coefficients: Any | None = Non
                                   optimization=(rec["optimization"],) if rec["optimization"] else ())
             plan = make_plan(ws.graph, ws.target, cand)
             q = {k: NodeQtypes(v["op"], tuple(v["in"]), tuple(v["out"])) for k, v in rec["qtypes"].items()}
-            entries[cname] = {"plan": plan, "real": real_precision(cm, plan, q), "mine": Precision.of_plan(plan),
-                              "est": [SubgraphEstimate.from_json(e) for e in rec["subgraphs"]], "rec": rec}
+            est = [SubgraphEstimate.from_json(e) for e in rec["subgraphs"]]
+            entries[cname] = {"plan": plan, "real": real_precision(cm, plan, q, est), "mine": Precision.of_plan(plan),
+                              "est": est, "rec": rec}
         out[name] = {"cm": cm, "ws": ws, "cases": entries}
     return out
 

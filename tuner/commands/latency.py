@@ -166,8 +166,8 @@ def fit(args: argparse.Namespace) -> int:
             say(f"{name}: not used ({conv.error or 'no hbdk estimate in the log'})")
             continue
         plan = make_plan(ws.graph, ws.target, cand)
-        p = real_precision(cm, plan, calibrated_qtypes(conv.model("calibrated")))
         estimates = subgraph_estimates(conv.out_dir)     # every subgraph's file (the log may pair them wrong)
+        p = real_precision(cm, plan, calibrated_qtypes(conv.model("calibrated")), estimates)
         hb = sum(e.latency_us for e in estimates) if estimates else sum(s.latency_us for s in conv.subgraphs)
         samples.append(make_sample(cm, p, hb, name, estimates=estimates))
         rows.append([name, f"{hb / 1e3:.3f}", f"{conv.seconds:.0f}"])

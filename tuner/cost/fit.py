@@ -50,10 +50,38 @@ def hb_aliases(graph: Any) -> dict[str, list[str]]:
     return out
 
 
-def real_precision(model: CostModel, plan: Plan, qtypes: Mapping[str, NodeQtypes]) -> Precision:
-    """The plan's placement and subgraphs with the real calibrated model's qtypes: a BPU node is int16
-    where hb_mapper quantizes one of its activation inputs (output) in int16. Nodes hb_mapper's graph
-    lacks keep the plan's precision."""
+def real_subgraphs(model: CostModel, plan: Plan, estimates: Sequence[SubgraphEstimate]) -> dict[str, int]:
+    """hbdk's own partition of the plan's BPU nodes: a node whose layer has a row in a subgraph's table
+    is in that subgraph; the others go where most of the nodes of their plan subgraph went. (The plan's
+    partition may split more: an input Slice on the CPU made tuner's plan of the example 4 subgraphs and
+    hbdk's 2.)"""
+    where: dict[str, int] = {}
+    for i, est in enumerate(estimates):
+        for r in est.layers:
+            where.setdefault(r.node, i)
+    aliases = hb_aliases(model.graph)
+    out: dict[str, int] = {}
+    votes: dict[int, dict[int, int]] = {}
+    for name, sub in plan.subgraph.items():
+        head = model.layers[name].head
+        i = next((where[n] for n in (name, head, *aliases.get(name, ()), *aliases.get(head, ())) if n in where), None)
+        if i is not None:
+            out[name] = i
+            votes.setdefault(sub, {}).setdefault(i, 0)
+            votes[sub][i] += 1
+    for name, sub in plan.subgraph.items():
+        if name not in out:
+            v = votes.get(sub)
+            out[name] = max(v, key=lambda k: v[k]) if v else len(estimates) + sub
+    return out
+
+
+def real_precision(model: CostModel, plan: Plan, qtypes: Mapping[str, NodeQtypes],
+                   estimates: Sequence[SubgraphEstimate] = ()) -> Precision:
+    """The plan's placement with the real calibrated model's qtypes: a BPU node is int16 where hb_mapper
+    quantizes one of its activation inputs (output) in int16; nodes hb_mapper's graph lacks keep the
+    plan's precision. With hbdk's tables (``estimates``), hbdk's own subgraphs (:func:`real_subgraphs`),
+    else the plan's."""
     g = model.graph
     plan_p = Precision.of_plan(plan)
     aliases = hb_aliases(g)
@@ -81,7 +109,8 @@ def real_precision(model: CostModel, plan: Plan, qtypes: Mapping[str, NodeQtypes
             out_dtype[node.name] = "int16"
         elif q.outputs and q.outputs[0] == "int8" and out_dtype.get(node.name) == "int16":
             out_dtype[node.name] = "int8"
-    return Precision(placement=plan.placement, subgraph=plan.subgraph, in16=frozenset(in16), out16=frozenset(out16),
+    subgraph = real_subgraphs(model, plan, estimates) if estimates else plan.subgraph
+    return Precision(placement=plan.placement, subgraph=subgraph, in16=frozenset(in16), out16=frozenset(out16),
                      reads={t: frozenset(d) for t, d in reads.items()}, out_dtype=out_dtype)
 
 

@@ -36,7 +36,18 @@ from typing import Any
 
 import yaml
 
-from tuner.cost.bpu import KINDS, MAC_KINDS, Layer, LayerPrice, aligned_elements, elements, layers, node_macs, op_kind
+from tuner.cost.bpu import (
+    KINDS,
+    MAC_KINDS,
+    Layer,
+    LayerPrice,
+    aligned_elements,
+    bpu_macs,
+    elements,
+    layers,
+    node_macs,
+    op_kind,
+)
 from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.simulate.plan import Plan
@@ -300,7 +311,7 @@ class CostModel:
             else:
                 last = node.name
                 kind = op_kind(g, node)
-                macs = self.macs[node.name] if kind in MAC_KINDS else 0
+                macs = bpu_macs(g, node) if kind in MAC_KINDS else 0
                 ins = sum(self._aligned.get(t, 0) for t in node.inputs if g.is_activation(t))
                 elems = self._aligned.get(node.outputs[0], 0) if node.outputs else 0
             out.append(LayerUse(head, p.subgraph.get(node.name, 0), kind, "int16" if head in p.in16 else "int8",
@@ -337,8 +348,9 @@ class CostModel:
         # DDR traffic in and out of every subgraph
         for (sub, term), kbytes in self._io_kbytes(p).items():
             add(sub, term, kbytes)
-        # tensors cut between the BPU and a CPU node, once per tensor and side (model inputs and outputs
-        # are not cuts)
+        # tensors cut between the BPU and a CPU node or between two BPU subgraphs, once per tensor and
+        # subgraph that writes or reads it (model inputs and outputs are not cuts): PP-OCRv4's backbone
+        # cut from its neck hands the neck its three skip features through DDR as well
         cut: set[tuple[str, int]] = set()
         for node in g:
             here = p.placement.get(node.name)
@@ -347,8 +359,12 @@ class CostModel:
                 if producer is None or not g.is_activation(t):
                     continue
                 there = p.placement.get(producer.name)
+                sides = []
                 if here != there:
-                    sub = p.subgraph.get((producer if there == "BPU" else node).name, 0)
+                    sides = [p.subgraph.get((producer if there == "BPU" else node).name, 0)]
+                elif here == "BPU" and p.subgraph.get(producer.name) != p.subgraph.get(node.name):
+                    sides = [p.subgraph.get(producer.name, 0), p.subgraph.get(node.name, 0)]
+                for sub in sides:
                     if (t, sub) not in cut:
                         cut.add((t, sub))
                         add(sub, "cut_tensor", 1.0)
