@@ -146,12 +146,14 @@ def bpu_macs(graph: Graph, node: Node) -> int:
     if node.op_type in ("Conv", "HzChannelScale") and len(node.inputs) > 1:
         w = graph.shapes.get(node.inputs[1])
         o = graph.shapes.get(node.outputs[0]) if node.outputs else None
-        if w and o and len(w) >= 3 and len(o) >= 3 and all(d is not None for d in list(w) + list(o)):
-            cout, cin_g, k = int(w[0]), int(w[1]), math.prod(int(d) for d in w[2:])
-            spatial = math.prod(int(d) for d in o[2:])
+        wd = [int(d) for d in w if d is not None] if w else []
+        od = [int(d) for d in o if d is not None] if o else []
+        if w and o and len(wd) == len(w) >= 3 and len(od) == len(o) >= 3:
+            cout, cin_g, k = wd[0], wd[1], math.prod(wd[2:])
+            spatial = math.prod(od[2:])
             group = int(node.attr("group", 1) or 1)
             per_out = _al16(cin_g) if group == 1 else cin_g
-            return int(o[0]) * spatial * _al16(cout) * per_out * k
+            return od[0] * spatial * _al16(cout) * per_out * k
     return node_macs(graph, node)
 
 

@@ -64,8 +64,9 @@ def real_subgraphs(model: CostModel, plan: Plan, estimates: Sequence[SubgraphEst
     votes: dict[int, dict[int, int]] = {}
     for name, sub in plan.subgraph.items():
         head = model.layers[name].head
-        i = next((where[n] for n in (name, head, *aliases.get(name, ()), *aliases.get(head, ())) if n in where), None)
-        if i is not None:
+        found = [where[n] for n in (name, head, *aliases.get(name, ()), *aliases.get(head, ())) if n in where]
+        if found:
+            i = found[0]
             out[name] = i
             votes.setdefault(sub, {}).setdefault(i, 0)
             votes[sub][i] += 1
@@ -216,6 +217,12 @@ def fit_layers(rows: Sequence[tuple[LayerUse, float]], prior: BpuCoefficients, r
         kept = [(u, us) for u, us in grp
                 if 1 / outlier <= max(us, 2.0) / max(first.us(u.macs, u.in_elements, u.elements), 2.0) <= outlier]
         layers[key] = fit_price(kept, first, ridge) if kept else first
+    # an int16 input never made a layer cheaper (every kind, every row measured): each int16 term is at
+    # least its int8 twin, so that a thinly measured kind cannot price int16 below int8
+    for (kind, prec), price in list(layers.items()):
+        if prec == "int16" and (kind, "int8") in layers:
+            layers[(kind, prec)] = LayerPrice(*(max(a, b) for a, b in zip(price.as_list(),
+                                                                            layers[(kind, "int8")].as_list())))
     return BpuCoefficients(layers=layers, terms=dict(prior.terms), source=prior.source)
 
 
