@@ -1,8 +1,8 @@
 """``tuner latency``: fit the BPU cost model to the real compiler for one model, and to a board.
 
 ``tuner latency fit CONFIG.yaml`` converts a handful of variants of the YAML with the real toolchain at
-``optimize_level: O3`` with hbdk's debug tables (all-int8; int16 on the few nodes whose int16 the model
-prices highest; one Conv of the trunk on the CPU), reads hbdk's estimate and what the real calibrated
+``optimize_level: O3`` with hbdk's debug tables (all-int8; int16 on the three Convs with the most MACs;
+one Conv of the trunk on the CPU), reads hbdk's estimate and what the real calibrated
 model made int16, fits three scales of the shipped coefficients (int8 layers, int16 layers, subgraph
 I/O; :func:`tuner.cost.fit.fit_scales`) and keeps them by model fingerprint in tuner's cache folder,
 where ``tuner eval`` and ``tuner search`` find them. Conversions are cached by content.
@@ -92,8 +92,8 @@ def board_fit(name: str, default: Any) -> tuple[Any, float] | None:
 
 def variants(graph: Any, target: Any, base: Any, n16: int, cut: bool) -> list[tuple[str, Any]]:
     """The compiles ``fit`` makes: (name, candidate), from the YAML's calibration and placement requests
-    (its precision requests dropped): all-int8; int16 on the ``n16`` BPU layers with the largest outputs
-    whose op takes int16 (the cost int16 adds grows with the tensor); one Conv on the CPU, the one nearest
+    (its precision requests dropped): all-int8; int16 on the ``n16`` Convs with the most MACs (what
+    int16 costs most on, and what a search makes int16 most); one Conv on the CPU, the one nearest
     the middle of the graph whose move splits the BPU part in two (a new subgraph: the DDR traffic on
     both sides of a cut). Depends only on the graph, so the same model gives the same compiles."""
     from tuner.candidate import Candidate
@@ -106,10 +106,10 @@ def variants(graph: Any, target: Any, base: Any, n16: int, cut: bool) -> list[tu
     out: list[tuple[str, Any]] = [("int8", int8)]
     order = {n.name: i for i, n in enumerate(graph)}
     heads = {lay.head: lay for lay in layers(graph, target).values()}
-    able = [lay for h, lay in heads.items() if plan8.placement.get(h) == "BPU"
+    able = [lay for h, lay in heads.items() if plan8.placement.get(h) == "BPU" and lay.kind == "conv"
             and target.int16_input(graph.by_name[h].op_type, 0) and target.int16_output(graph.by_name[h].op_type,
                                                                                          graph.by_name[h].proto)]
-    chosen = [lay.head for lay in sorted(able, key=lambda x: (-x.elements, order[x.head]))[:n16]]
+    chosen = [lay.head for lay in sorted(able, key=lambda x: (-x.macs, order[x.head]))[:n16]]
     if chosen:
         out.append(("fit_int16", Candidate.make(int8.calibration, {**keep, **{h: dict(INT16) for h in chosen}})))
     if cut:
