@@ -31,14 +31,14 @@ from typing import Any
 from tuner.graph import Graph, Node, Target, fusion_groups
 
 #: Cost classes. Unknown BPU ops cost as ``other``.
-KINDS = ("conv", "dwconv", "deconv", "matmul", "eltwise", "lut", "maxpool", "avgpool", "gpool", "resize",
+KINDS = ("conv", "dwconv", "deconv", "matmul", "scale", "eltwise", "lut", "maxpool", "avgpool", "gpool", "resize",
          "concat", "move", "softmax", "other")
 
 #: Kinds that run on the MAC array (the others have no per-MAC term).
 MAC_KINDS = ("conv", "dwconv", "deconv", "matmul", "avgpool")
 
 _KIND_OF = {
-    "Conv": "conv", "HzChannelScale": "conv", "Gemm": "matmul", "MatMul": "matmul", "ConvTranspose": "deconv",
+    "Conv": "conv", "HzChannelScale": "scale", "Gemm": "matmul", "MatMul": "matmul", "ConvTranspose": "deconv",
     "Add": "eltwise", "Sub": "eltwise", "Mul": "eltwise", "Div": "eltwise", "Max": "eltwise", "Min": "eltwise",
     "Sum": "eltwise", "Pow": "eltwise", "PRelu": "eltwise", "Equal": "eltwise", "Greater": "eltwise",
     "Less": "eltwise", "GreaterOrEqual": "eltwise", "LessOrEqual": "eltwise", "Where": "eltwise",
@@ -238,7 +238,7 @@ def _folded_groups(graph: Graph, target: Target) -> list[tuple[Node, list[Node]]
         if producer is None:
             continue
         pg = group_of[producer.name]
-        if op_kind(graph, head_of[id(pg)]) not in ("conv", "dwconv", "deconv", "matmul") \
+        if op_kind(graph, head_of[id(pg)]) not in ("conv", "dwconv", "deconv", "matmul", "scale") \
                 or _only_reader(graph, producer) is not node:
             continue
         g.remove(node)          # an Add heading a chain of table ops leaves the chain

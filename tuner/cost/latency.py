@@ -334,17 +334,35 @@ class CostModel:
             f = subs.setdefault(sub, {})
             f[term] = f.get(term, 0.0) + x
 
-        # tensors read in two precisions on the BPU: hbdk's Requantize layers
+        # hbdk's Requantize layers: an int16 tensor read by a BPU op that refuses int16 there (Resize,
+        # ConvTranspose, GlobalAveragePool: placement.md 3b), or written by an op that cannot emit int16;
+        # and a tensor the plan reads in two precisions. PP-OCRv4 under set_all_nodes_int16: 61 rows,
+        # 373 us; its int8 compile: none.
+        t = self.target
         for tensor, dtypes in p.reads.items():
             producer = g.producer.get(tensor)
+            on_bpu = producer is not None and p.placement.get(producer.name) == "BPU"
             have = set(dtypes)
-            if producer is not None and p.placement.get(producer.name) == "BPU":
+            if on_bpu:
                 d = p.out_dtype.get(producer.name)
                 if d in ("int8", "int16"):
                     have.add(d)
-            if len(have & {"int8", "int16"}) > 1:
+            wide = "int16" in have
+            accumulates = on_bpu and self.layers[producer.name].kind in MAC_KINDS   # rescales in the layer
+            refused = wide and (
+                (on_bpu and not accumulates and not t.int16_output(producer.op_type, producer.proto)
+                 and producer.name not in p.out16)
+                or any(p.placement.get(c.name) == "BPU" and not t.int16_input(c.op_type, k)
+                       for c, k in g.consumers.get(tensor, [])))
+            if refused or (len(have & {"int8", "int16"}) > 1 and not (accumulates and len(dtypes) == 1)):
                 sub = p.subgraph.get(producer.name, 0) if producer is not None else min(subs or {0: {}})
                 add(sub, "requant_kelem", self._aligned.get(tensor, 0) / 1e3)
+        # an int16-input Conv's output gets a rescale of its own (AdjustConvQuantParams' extra int16
+        # calibration: placement.md 3c): PP-OCRv4 under set_all_nodes_int16 has one variable_N_Requantize
+        # row after most of its Convs
+        for u in self.layer_terms(p):
+            if u.prec == "int16" and u.kind in ("conv", "dwconv", "scale"):
+                add(u.subgraph, "requant_kelem", u.elements / 1e3)
         # DDR traffic in and out of every subgraph
         for (sub, term), kbytes in self._io_kbytes(p).items():
             add(sub, term, kbytes)
