@@ -341,17 +341,17 @@ class CostModel:
         t = self.target
         for tensor, dtypes in p.reads.items():
             producer = g.producer.get(tensor)
-            on_bpu = producer is not None and p.placement.get(producer.name) == "BPU"
+            bpu = producer if producer is not None and p.placement.get(producer.name) == "BPU" else None
             have = set(dtypes)
-            if on_bpu:
-                d = p.out_dtype.get(producer.name)
+            if bpu is not None:
+                d = p.out_dtype.get(bpu.name)
                 if d in ("int8", "int16"):
                     have.add(d)
             wide = "int16" in have
-            accumulates = on_bpu and self.layers[producer.name].kind in MAC_KINDS   # rescales in the layer
+            accumulates = bpu is not None and self.layers[bpu.name].kind in MAC_KINDS   # rescales in the layer
             refused = wide and (
-                (on_bpu and not accumulates and not t.int16_output(producer.op_type, producer.proto)
-                 and producer.name not in p.out16)
+                (bpu is not None and not accumulates and not t.int16_output(bpu.op_type, bpu.proto)
+                 and bpu.name not in p.out16)
                 or any(p.placement.get(c.name) == "BPU" and not t.int16_input(c.op_type, k)
                        for c, k in g.consumers.get(tensor, [])))
             if refused or (len(have & {"int8", "int16"}) > 1 and not (accumulates and len(dtypes) == 1)):
