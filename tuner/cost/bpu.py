@@ -8,9 +8,9 @@ target's fitted coefficients (``cost.bpu`` in ``search_spaces/targets/<march>.ya
 
 * ``kind``: the op's cost class (:data:`KINDS`); the BPU runs a Conv on its MAC array, a Resize,
   a pooling or an element-wise op on its vector units, a Concat/Slice/Reshape as data movement;
-* ``macs`` (MAC array work) and ``elements``: the output tensor as the BPU lays it out (NHWC, the
-  channels padded to 8 below 8 and to 16 above, the width to 8: the ``aligned output shape`` column
-  of hbdk's table for the example's Convs and element-wise ops);
+* ``macs`` (MAC array work, a Conv's channels padded to 16: :func:`bpu_macs`) and the input and output
+  elements as the BPU lays them out (NHWC, the channels padded to 8 below 8 and to 16 above, the width
+  to 8: the ``aligned output shape`` column of hbdk's table for the example's Convs and element-wise ops);
 * the precision of its inputs and of its output, from the plan (int16 where hb_mapper makes it
   int16), priced separately: an int16 input slows a Conv's MAC array, an int16 output doubles the
   bytes a layer writes; MaxPool in int16 was measured 10-28x its int8 time.

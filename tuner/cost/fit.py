@@ -1,19 +1,19 @@
 """Fitting the BPU coefficients to hbdk's estimates: across models (the shipped constants) and per model.
 
-A sample is one real compile: the plan's placement and subgraphs, what the real calibrated model made
-int16 (:func:`real_precision`: fitting on the real qtypes keeps the planner's int16 errors out of the
+A sample is one real compile: the plan's placement, what the real calibrated model made int16 and
+hbdk's own subgraphs (:func:`real_precision`: fitting on them keeps the planner's errors out of the
 cost model's), and hbdk's per-subgraph estimate and per-layer table (:mod:`tuner.cost.hbdk`).
 
-* :func:`fit_layers`: the per-kind, per-precision layer terms from hbdk's per-layer rows (its
-  computing cost plus a share of its load/store cost), least squares on relative errors, every
-  coefficient >= 0, pulled toward a prior where a term has little data (ridge);
-* :func:`fit_totals`: the subgraph-level terms and one multiplier of the layer terms, from the
-  subgraph totals;
-* :func:`fit_scales`: ``tuner latency fit``'s three per-model scales (int8 layers, int16 layers,
-  subgraph I/O) from a handful of compiles of one model.
+* :func:`fit_layers`: every kind's price in both precisions from hbdk's per-layer rows (its computing
+  cost plus a share of its load/store cost), least squares on relative errors, every coefficient >= 0,
+  pulled toward a prior where a term has little data (ridge), the max fitted by alternation;
+* :func:`fit_totals`: the subgraph-level terms and one multiplier of the layer prices, from the
+  totals, with a constant per model;
+* :func:`fit_scales`: ``tuner latency fit``'s per-model constant and int16 and I/O scales from a
+  handful of compiles of one model.
 
-Everything is linear in the coefficients, so each fit is a small non-negative least-squares problem
-(numpy only: projected coordinate descent on the normal equations).
+Each fit is a small non-negative least-squares problem (numpy only: coordinate descent on the normal
+equations).
 """
 
 from __future__ import annotations

@@ -4,26 +4,28 @@
 ``optimize_level: O3`` (what a board runs), scaled to the board. It is a sum over the plan's BPU
 subgraphs of
 
-* one term per layer (a fusion group, :mod:`tuner.cost.bpu`): a fixed cost, a cost per MAC and a cost
-  per output element, per op kind and per precision of the layer's input (int8, int16), plus the
-  extra write of an int16 output;
-* a requantize layer wherever one tensor is read in two precisions (hbdk's ``..._Requantize`` rows);
-* the DDR traffic of the subgraph's inputs and outputs (a CPU cut writes the tensor on one side and
-  reads it on the other) and a fixed cost per subgraph.
+* one term per layer (a fusion group, :mod:`tuner.cost.bpu`): a fixed cost plus the largest of a MAC
+  term, an input term and an output term, per op kind and per precision of the layer's input (int8,
+  int16), plus the extra write of an int16 output;
+* hbdk's Requantize layers: where an int16 tensor meets an op that refuses int16, where one tensor is
+  read in two precisions, after an int16-input Conv;
+* the DDR traffic of the model's inputs and outputs and of the tensors cut between a subgraph and the
+  rest, a cost per cut tensor (hbdk's layers next to a cut slow down), a fixed cost per subgraph, and a
+  constant per model.
 
-Every term is linear in its coefficient, so the coefficients are fitted by least squares to hbdk's
-estimates (``benchmarks/latency_fidelity.py``, :mod:`tuner.cost.fit`) and shipped in
-``search_spaces/targets/<march>.yaml`` (``cost.bpu``); ``tuner latency fit`` refines three scales
-of them (int8 layers, int16 layers, subgraph I/O) for one model from a handful of real compiles,
-kept by model fingerprint (:class:`ModelFit`). The int16 spread is the plan's (hb_mapper's rules in
-:mod:`tuner.simulate.plan`): an int16 request that climbs to a producer costs there too.
+The prices are fitted to hbdk's per-layer tables and totals (``benchmarks/latency_fidelity.py``,
+:mod:`tuner.cost.fit`) and shipped in ``search_spaces/targets/<march>.yaml`` (``cost.bpu``);
+``tuner latency fit`` refines this model's constant and scales of the int16 and I/O terms from three
+real compiles, kept by model fingerprint (:class:`ModelFit`). The int16 spread and the subgraphs are the
+plan's (hb_mapper's rules in :mod:`tuner.simulate.plan`): an int16 request that climbs to a producer
+costs there too. Agreement with hbdk: ``results/benchmarks/latency_fidelity.md``.
 
 **CPU** (``cpu_ms``) and **switches** (``switch_ms``) are not in hbdk's estimate and are modeled as
 before this fit: CPU nodes run in float on one Cortex-A55 core (a roofline of MACs and bytes plus a
 per-op overhead), every tensor crossing between CPU and BPU is (de)quantized and copied, every BPU
 subgraph costs a launch. A measured per-node profile (``{node: {bpu_ms, cpu_ms}}``) replaces the
 estimate where present. A board measurement (``tuner latency board``) rescales hbdk's estimate to
-that board and firmware (:class:`BoardFit`).
+that board and firmware and prices the outputs' transfer and the fixed cost per run (:class:`BoardFit`).
 """
 
 from __future__ import annotations
