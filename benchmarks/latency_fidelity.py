@@ -432,10 +432,10 @@ def _yaml_block(d: dict[str, Any]) -> str:
     from tuner.cost.latency import GLOBAL_TERMS
 
     notes = {"out16_kelem": "an int16 output's write, us per thousand elements",
-             "requant_kelem": "a tensor read in two precisions (a Requantize layer), us per thousand elements",
+             "requant_kelem": "a Requantize layer (int16 meets an op refusing it, after an int16 Conv), us per thousand elements",
              "io_kbyte": "DDR traffic of the model's inputs and outputs, us per kilobyte",
              "cut_kbyte": "DDR traffic of tensors cut between subgraphs and CPU nodes, us per kilobyte",
-             "cut_tensor": "a tensor cut between BPU and CPU inside the model, us",
+             "cut_tensor": "a tensor cut between a subgraph and a CPU node or another subgraph, us",
              "subgraph": "per BPU subgraph, us",
              "model": "per model, us (tuner latency fit sets it for a model)"}
     for t in GLOBAL_TERMS:
