@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.commands import data, evaluate, nodes, real, search, sensitivity, toolchain
+from tuner.commands import data, evaluate, latency, nodes, real, search, sensitivity, toolchain
 
 #: The one registry: every group, in the order ``tuner --help`` lists its commands.
-GROUPS = (evaluate, nodes, data, sensitivity, search, toolchain, real)
+GROUPS = (evaluate, nodes, data, sensitivity, search, toolchain, real, latency)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", action="store_true", help="accumulated-error view: per node in graph order, the "
                                                         "cosine, its change from the node's inputs, and CPU/BPU "
                                                         "switches; marks where error enters")
+    p.add_argument("--board", help="scale the BPU latency to this board's fit (tuner latency board ... --board NAME)")
     p.add_argument("--thresholds", metavar="CALIBRATED.onnx",
                    help="simulate with hb_mapper's real thresholds and qtypes from its *_calibrated_model.onnx "
                         "instead of tuner's calibration")
@@ -36,6 +37,24 @@ def real_qtype_counts(real: MappedThresholds) -> dict[str, int]:
         for q in sorted({n.qtype for n in nodes if n.quantizes}):
             counts[q] = counts.get(q, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def cost_model(ws: Any, board: str | None = None) -> Any:
+    """The cost model for the workspace's model: with ``tuner latency fit``'s constants for it when they
+    exist, and with board ``board``'s fit when named."""
+    from tuner.cost.latency import BoardFit, CostModel, load_fit
+
+    bfit = None
+    if board:
+        from tuner.commands.latency import board_fit
+
+        default = BoardFit.from_dict((ws.target.raw.get("cost") or {}).get("board") or {})
+        found = board_fit(board, default)
+        if found is None:
+            raise TunerError(f"no board campaign named {board!r}: tuner latency board PERF.txt --config YAML "
+                             f"--board {board}")
+        bfit = found[0]
+    return CostModel(ws.graph, ws.target, fit=load_fit(ws.model.fingerprint, ws.target.march), board=bfit)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and args.no_nodes:
         raise TunerError("--trace shows the per-node values that --no-nodes skips; use one of them")
     ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)
+    cost = cost_model(ws, args.board)
+    lat = cost.latency(ev.plan)
     info: dict[str, Any] = {
         "config": str(ws.config.path),
         "model": {"path": str(ws.model.path), "sha256": ws.model.fingerprint},
@@ -64,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         "statistics": {"from_cache": ws.stats_from_cache, "seconds": t_stats},
         "warnings": ws.warnings,
         "graph": ws.model.names.summary(),   # what hb_mapper's optimizer changed (tuner.graph.optimize)
+        # modeled latency (tuner.cost): BPU = hbdk's O3 estimate as modeled (x the board's scale), CPU, switches
+        "latency": {**lat.as_dict(), "bpu_model": lat.fitted or cost.shipped.source, "board": cost.board.label},
     }
     if ws.real_thresholds is not None:
         # the plan's counts (summary line) are the YAML's; hb_mapper's qtypes are what is simulated
@@ -96,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         print(text.accumulated_table(ev, ws.graph) if args.trace else text.node_table(ev))
     print()
     print(text.summary_line(ev))
+    from tuner.commands.latency import breakdown_text
+
+    print(breakdown_text(lat, cost))
     if "real_qtypes" in info:
         counts = ", ".join(f"{n} {q}" for q, n in info["real_qtypes"].items())
         print(f"hb_mapper's calibrated model quantizes {counts} tensor(s); those qtypes are simulated "

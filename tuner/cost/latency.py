@@ -1,29 +1,207 @@
-"""A roofline-style latency estimate of a plan on the target.
+"""Modeled latency of a plan on the target: hbdk's BPU estimate, the CPU nodes, and the switches.
 
-BPU time per fusion group is max(MACs / MAC rate, bytes / bandwidth) plus a per-instruction
-overhead, with int16 slower on both; CPU nodes run float at CPU rates; every CPU<->BPU
-boundary tensor costs a quantize/dequantize copy, and every BPU subgraph a launch. The
-coefficients are estimates in ``search_spaces/targets/<march>.yaml``; a measured per-node
-profile (``{node: {bpu_ms, cpu_ms}}``) replaces the estimate where present. The search only
-needs the *ranking* of candidates to be right, which this captures: fewer switches, fewer
-CPU nodes, fewer int16 nodes are faster.
+**BPU** (``bpu_ms``): what hbdk, the X5 compiler, estimates for the compiled ``.bin`` at
+``optimize_level: O3`` (what a board runs), scaled to the board. It is a sum over the plan's BPU
+subgraphs of
+
+* one term per layer (a fusion group, :mod:`tuner.cost.bpu`): a fixed cost plus the largest of a MAC
+  term, an input term and an output term, per op kind and per precision of the layer's input (int8,
+  int16), plus the extra write of an int16 output;
+* hbdk's Requantize layers: where an int16 tensor meets an op that refuses int16, where one tensor is
+  read in two precisions, after an int16-input Conv;
+* the DDR traffic of the model's inputs and outputs and of the tensors cut between a subgraph and the
+  rest, a cost per cut tensor (hbdk's layers next to a cut slow down), a fixed cost per subgraph, and a
+  constant per model.
+
+The prices are fitted to hbdk's per-layer tables and totals (``benchmarks/latency_fidelity.py``,
+:mod:`tuner.cost.fit`) and shipped in ``search_spaces/targets/<march>.yaml`` (``cost.bpu``);
+``tuner latency fit`` refines this model's constant and scales of the int16 and I/O terms from three
+real compiles, kept by model fingerprint (:class:`ModelFit`). The int16 spread and the subgraphs are the
+plan's (hb_mapper's rules in :mod:`tuner.simulate.plan`): an int16 request that climbs to a producer
+costs there too. Agreement with hbdk: ``results/benchmarks/latency_fidelity.md``.
+
+**CPU** (``cpu_ms``) and **switches** (``switch_ms``) are not in hbdk's estimate and are modeled as
+before this fit: CPU nodes run in float on one Cortex-A55 core (a roofline of MACs and bytes plus a
+per-op overhead), every tensor crossing between CPU and BPU is (de)quantized and copied, every BPU
+subgraph costs a launch. A measured per-node profile (``{node: {bpu_ms, cpu_ms}}``) replaces the
+estimate where present. A board measurement (``tuner latency board``) rescales hbdk's estimate to
+that board and firmware and prices the outputs' transfer and the fixed cost per run (:class:`BoardFit`).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from tuner.cost.bpu import (
+    KINDS,
+    MAC_KINDS,
+    Layer,
+    LayerPrice,
+    aligned_elements,
+    bpu_macs,
+    elements,
+    layers,
+    node_macs,
+    op_kind,
+)
 from tuner.errors import TunerError
-from tuner.graph import Graph, Node, Target, fusion_groups
+from tuner.graph import Graph, Target
 from tuner.simulate.plan import Plan
 
-COEFFICIENTS = ("bpu_macs_per_s", "bpu_bytes_per_s", "bpu_op_overhead_s", "int16_mac_factor", "int16_byte_factor",
-                "cpu_macs_per_s", "cpu_bytes_per_s", "cpu_op_overhead_s", "switch_elements_per_s",
+__all__ = ["COEFFICIENTS", "BoardFit", "BpuCoefficients", "CostModel", "LatencyBreakdown", "ModelFit", "load_profile",
+           "node_macs"]
+
+#: The CPU side's coefficients (seconds, MACs, bytes, elements), unchanged by the hbdk fit.
+COEFFICIENTS = ("cpu_macs_per_s", "cpu_bytes_per_s", "cpu_op_overhead_s", "switch_elements_per_s",
                 "switch_overhead_s", "subgraph_overhead_s")
+PRECISIONS = ("int8", "int16")
+#: The subgraph-level terms: an int16 output's write (thousand elements), a requantized tensor (thousand
+#: elements), the DDR traffic of the model's inputs and outputs and of the tensors cut between a subgraph
+#: and the rest (kilobytes), a tensor cut between BPU and CPU inside
+#: the model (hbdk's layers next to a cut were measured 30-70 us slower in all: the example's three
+#: CPU-cut Convs), a subgraph, and the model itself (a constant per model).
+GLOBAL_TERMS = ("out16_kelem", "requant_kelem", "io_kbyte", "cut_kbyte", "cut_tensor", "subgraph", "model")
+#: What ``tuner latency fit`` refines per model: a constant added to the model (``model``, us: what this
+#: model costs that its layers' prices miss, e.g. the example's ~200 us of layout conversions hbdk charges
+#: to its full-resolution element-wise layers), a scale of the int16 terms (int16 layers, writes,
+#: requantizes) and a scale of the I/O terms (DDR traffic, cut tensors, subgraphs).
+SCALES = ("model", "int16", "io")
+_SCALE_OF = {"int8": "int8", "int16": "int16", "out16_kelem": "int16", "requant_kelem": "int16",
+             "io_kbyte": "io", "cut_kbyte": "io", "cut_tensor": "io", "subgraph": "io", "model": "model"}
+_BYTES = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float": 4}
+
+
+def scale_of(term: str) -> str:
+    """Which per-model scale a subgraph feature (:meth:`CostModel.features`) belongs to."""
+    return _SCALE_OF[term]
+
+
+@dataclass(frozen=True)
+class BpuCoefficients:
+    """hbdk's O3 estimate in microseconds: the layers' prices per kind and input precision
+    (:class:`tuner.cost.bpu.LayerPrice`) and the subgraph-level terms (:data:`GLOBAL_TERMS`, microseconds
+    per unit). A kind without a price costs as ``other``."""
+
+    layers: Mapping[tuple[str, str], LayerPrice]
+    terms: Mapping[str, float]
+    source: str = ""
+
+    @classmethod
+    def from_target(cls, target: Target) -> BpuCoefficients:
+        """The target's ``cost.bpu``; a target without one (no compiler fit for its march) has its
+        roofline estimates (``bpu_macs_per_s``, ``bpu_bytes_per_s``, ...) in the same form."""
+        cost = target.raw.get("cost") or {}
+        raw = cost.get("bpu")
+        if isinstance(raw, dict):
+            return cls.from_dict(raw)
+        need = ("bpu_macs_per_s", "bpu_bytes_per_s", "bpu_op_overhead_s", "int16_mac_factor", "int16_byte_factor")
+        if not all(k in cost for k in need):
+            raise TunerError(f"target {target.march}: cost.bpu (hbdk's fitted coefficients) or the roofline "
+                             f"estimates ({', '.join(need)}) missing")
+        return cls.from_roofline({k: float(cost[k]) for k in need}, target.march)
+
+    @classmethod
+    def from_roofline(cls, c: Mapping[str, float], march: str) -> BpuCoefficients:
+        """A MAC rate and a byte rate (int16 slower by its factors), a fixed cost per layer: the model
+        tuner had before hbdk was fitted, for marches without a fit."""
+        fixed = c["bpu_op_overhead_s"] * 1e6
+        us_mmac = 1e12 / c["bpu_macs_per_s"]
+        us_kbyte = 1e9 / c["bpu_bytes_per_s"]
+        lay = {}
+        for kind in KINDS:
+            for prec, mac_f, byte_f in (("int8", 1.0, 1.0), ("int16", c["int16_mac_factor"], c["int16_byte_factor"])):
+                lay[(kind, prec)] = LayerPrice(fixed, us_mmac * mac_f if kind in MAC_KINDS else 0.0,
+                                               us_kbyte * byte_f, us_kbyte * byte_f)
+        return cls(layers=lay, terms={"io_kbyte": us_kbyte}, source=f"roofline estimates for {march} (no compiler fit)")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> BpuCoefficients:
+        lay = {}
+        for kind, per in (raw.get("layers") or {}).items():
+            if kind not in KINDS:
+                raise TunerError(f"cost.bpu.layers: unknown kind {kind!r} (known: {', '.join(KINDS)})")
+            for prec, values in (per or {}).items():
+                if prec not in PRECISIONS or not isinstance(values, (list, tuple)) or len(values) != 4:
+                    raise TunerError(f"cost.bpu.layers.{kind}.{prec}: expected [fixed_us, us_per_mmac, "
+                                     "us_per_kelem_in, us_per_kelem_out]")
+                lay[(kind, prec)] = LayerPrice.from_list(values)
+        terms = {t: float(raw[t]) for t in GLOBAL_TERMS if t in raw}
+        return cls(layers=lay, terms=terms, source=str(raw.get("source", "")))
+
+    def to_dict(self) -> dict[str, Any]:
+        lay: dict[str, dict[str, list[float]]] = {}
+        for (kind, prec), price in sorted(self.layers.items(),
+                                          key=lambda kv: (KINDS.index(kv[0][0]), PRECISIONS.index(kv[0][1]))):
+            lay.setdefault(kind, {})[prec] = [round(v, 6) for v in price.as_list()]
+        out: dict[str, Any] = {"source": self.source, "layers": lay}
+        out.update({t: round(self.terms.get(t, 0.0), 6) for t in GLOBAL_TERMS})
+        return out
+
+    def price(self, kind: str, prec: str) -> LayerPrice:
+        return self.layers.get((kind, prec)) or self.layers.get(("other", prec)) or LayerPrice()
+
+    def scaled(self, scales: Mapping[str, float]) -> BpuCoefficients:
+        """These coefficients refined for one model: ``int8``/``int16``/``io`` scale their terms, ``model``
+        replaces the per-model constant (microseconds)."""
+        terms = {k: v * scales.get(scale_of(k), 1.0) for k, v in self.terms.items() if k != "model"}
+        terms["model"] = float(scales.get("model", self.terms.get("model", 0.0)))
+        return replace(self, layers={k: p.scaled(scales.get(k[1], 1.0)) for k, p in self.layers.items()},
+                       terms=terms)
+
+    def us(self, features: Mapping[str, float]) -> float:
+        """A subgraph's estimate from its features (:meth:`CostModel.features`, priced with these layers)."""
+        return sum(x if k in PRECISIONS else self.terms.get(k, 0.0) * x for k, x in features.items())
+
+
+@dataclass(frozen=True)
+class ModelFit:
+    """``tuner latency fit``'s result for one model: scales of the shipped coefficients (int8 layers,
+    int16 layers, subgraph I/O) that make them reproduce hbdk on that model's compiles."""
+
+    model_sha256: str
+    march: str
+    scales: Mapping[str, float]
+    samples: tuple[dict[str, Any], ...] = ()      # per compile: name, hbdk_ms, modeled_ms before / after
+    toolchain: str = ""
+    created: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "scales": dict(self.scales), "samples": list(self.samples)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ModelFit:
+        return cls(model_sha256=str(d["model_sha256"]), march=str(d["march"]),
+                   scales={str(k): float(v) for k, v in dict(d["scales"]).items()},
+                   samples=tuple(dict(s) for s in d.get("samples", ())), toolchain=str(d.get("toolchain", "")),
+                   created=str(d.get("created", "")))
+
+    def describe(self) -> str:
+        s = ", ".join(f"{k} {v:+.0f} us" if k == "model" else f"{k} x{v:.2f}" for k, v in self.scales.items())
+        return f"fitted to {len(self.samples)} real compile(s) of this model ({s})"
+
+
+@dataclass(frozen=True)
+class BoardFit:
+    """board_ms = per_estimate x hbdk estimate + per_output_mb x MB of float32 model outputs + fixed_ms,
+    for one board and firmware (``tuner latency board``, :mod:`tuner.cost.board`). Without a label (the
+    target's ``cost.board``) only ``per_estimate`` applies and the switches are tuner's estimates; a
+    board's fit (labelled) also replaces the estimates of the model outputs' transfer and the fixed cost."""
+
+    per_estimate: float = 1.0
+    per_output_mb: float = 0.0
+    fixed_ms: float = 0.0
+    label: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BoardFit:
+        return cls(per_estimate=float(d.get("per_estimate", 1.0)), per_output_mb=float(d.get("per_output_mb", 0.0)),
+                   fixed_ms=float(d.get("fixed_ms", 0.0)), label=str(d.get("label", d.get("source", ""))))
 
 
 @dataclass
@@ -33,80 +211,231 @@ class LatencyBreakdown:
     switch_ms: float
     subgraphs: int
     boundary_tensors: int
+    compiler_ms: float = 0.0              # the modeled hbdk O3 estimate (what `hb_mapper` prints), BPU only
+    subgraph_ms: tuple[float, ...] = ()   # the same per BPU subgraph
+    int16_layers: int = 0
+    fitted: str = ""                      # how the BPU coefficients were refined for this model ("": shipped)
 
     @property
     def total_ms(self) -> float:
         return self.bpu_ms + self.cpu_ms + self.switch_ms
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return {"total_ms": self.total_ms, "bpu_ms": self.bpu_ms, "cpu_ms": self.cpu_ms,
-                "switch_ms": self.switch_ms, "subgraphs": self.subgraphs, "boundary_tensors": self.boundary_tensors}
+                "switch_ms": self.switch_ms, "subgraphs": self.subgraphs, "boundary_tensors": self.boundary_tensors,
+                "compiler_ms": self.compiler_ms, "subgraph_ms": list(self.subgraph_ms),
+                "int16_layers": self.int16_layers, "fitted": self.fitted}
 
 
-def _numel(shape) -> int:
-    if not shape or any(d is None for d in shape):
-        return 0
-    return int(math.prod(shape))
+@dataclass(frozen=True)
+class Precision:
+    """What runs where in which precision, for the BPU estimate: the plan's, or (fitting) the real tool's."""
+
+    placement: Mapping[str, str]
+    subgraph: Mapping[str, int]
+    in16: frozenset[str]                 # BPU nodes with an int16 activation input
+    out16: frozenset[str]                # BPU nodes with an int16 output
+    reads: Mapping[str, frozenset[str]] = field(default_factory=dict)   # tensor -> the dtypes BPU nodes read it in
+    out_dtype: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> Precision:
+        in16 = {n for n, d in plan.in_dtype.items() if d == "int16"}
+        reads: dict[str, set[str]] = {}
+        for (node, _), (tensor, dtype) in list(plan.edges.items()) + list(plan.passthrough.items()):
+            if dtype == "int16":
+                in16.add(node)
+            reads.setdefault(tensor, set()).add(dtype)
+        out16 = {n for n, d in plan.out_dtype.items() if d == "int16"}
+        return cls(placement=plan.placement, subgraph=plan.subgraph, in16=frozenset(in16), out16=frozenset(out16),
+                   reads={t: frozenset(d) for t, d in reads.items()}, out_dtype=plan.out_dtype)
 
 
-def node_macs(graph: Graph, node: Node) -> int:
-    """Multiply-accumulates of one node (elementwise ops count one per output element)."""
-    out = _numel(graph.shapes.get(node.outputs[0])) if node.outputs else 0
-    if node.op_type in ("Conv", "ConvTranspose") and len(node.inputs) > 1:
-        w = graph.shapes.get(node.inputs[1])
-        dims = [d for d in w[1:] if d is not None] if w else []
-        if w and len(dims) == len(w) - 1 and w[0] is not None:
-            if node.op_type == "Conv":  # w: [Cout, Cin/group, kh, kw]
-                return out * math.prod(dims)
-            # ConvTranspose w: [Cin, Cout/group, kh, kw]: every input element feeds Cout/group*kh*kw outputs
-            return _numel(graph.shapes.get(node.inputs[0])) * math.prod(dims)
-    if node.op_type in ("Gemm", "MatMul") and node.inputs:
-        a = graph.shapes.get(node.inputs[0])
-        if a and a[-1] is not None:
-            k = a[0] if node.op_type == "Gemm" and node.attr("transA", 0) else a[-1]
-            if k is not None:
-                return out * k
-    if node.op_type in ("AveragePool", "MaxPool"):
-        return out * math.prod(node.attr("kernel_shape", [1]))
-    if node.op_type.startswith("Reduce") or node.op_type.startswith("Global") or node.op_type == "Softmax":
-        return _numel(graph.shapes.get(node.inputs[0])) if node.inputs else out
-    return out
+@dataclass(frozen=True)
+class LayerUse:
+    """One BPU layer of one plan (:meth:`CostModel.layer_terms`)."""
 
-
-def node_bytes(graph: Graph, node: Node) -> int:
-    """Bytes of activations read and written (4 per float element; scaled for int8 on the BPU)."""
-    total = 0
-    for t in list(node.inputs) + list(node.outputs):
-        if t and t not in graph.initializers:
-            total += _numel(graph.shapes.get(t))
-    return total
+    head: str            # the layer's name in hbdk's table (a fused Conv's row is ``<head>-conv``)
+    subgraph: int
+    kind: str
+    prec: str            # the precision of its input: int8 or int16
+    macs: int
+    in_elements: int
+    elements: int        # its output, as laid out on the BPU
+    out16: bool
 
 
 class CostModel:
-    """Latency of plans of one graph on one target. Per-node work is computed once."""
+    """Latency of plans of one graph on one target. Per-node work is computed once per graph.
 
-    def __init__(self, graph: Graph, target: Target, profile: dict[str, dict[str, float]] | None = None):
+    ``fit``: this model's refinement (:class:`ModelFit`, from ``tuner latency fit``); ``board``: a
+    board's measured relation to hbdk's estimate (default: the target's ``cost.board``)."""
+
+    def __init__(self, graph: Graph, target: Target, profile: dict[str, dict[str, float]] | None = None,
+                 fit: ModelFit | None = None, board: BoardFit | None = None):
         raw = target.raw.get("cost") or {}
         missing = [k for k in COEFFICIENTS if k not in raw]
         if missing:
             raise TunerError(f"target {target.march}: cost coefficients missing: {', '.join(missing)}")
         self.c = {k: float(raw[k]) for k in COEFFICIENTS}
         self.graph = graph
+        self.target = target
         self.profile = profile or {}
+        self.shipped = BpuCoefficients.from_target(target)
+        self.fit = fit
+        self.bpu = self.shipped.scaled(fit.scales) if fit is not None else self.shipped
+        self.board = board or BoardFit.from_dict(raw.get("board") or {})
+        self.layers: dict[str, Layer] = layers(graph, target)
         self.macs = {n.name: node_macs(graph, n) for n in graph}
-        self.elements = {n.name: node_bytes(graph, n) for n in graph}
-        self.group_of = {}
-        for group in fusion_groups(graph, target):
-            for n in group:
-                self.group_of[n.name] = group[0].name
+        self.elements = {n.name: sum(elements(graph.shapes.get(t)) for t in list(n.inputs) + list(n.outputs)
+                                     if t and t not in graph.initializers) for n in graph}
+        self._aligned = {t: aligned_elements(s) for t, s in graph.shapes.items()}
 
+    # ------------------------------------------------------------------ BPU (hbdk's estimate)
+    def layer_terms(self, p: Precision) -> list[LayerUse]:
+        """Every BPU layer of the plan: its name in hbdk's table, subgraph, kind, input precision, work."""
+        g = self.graph
+        out = []
+        seen: set[str] = set()
+        for node in g:
+            if p.placement.get(node.name) != "BPU":
+                continue
+            lay = self.layers[node.name]
+            # a fused member on the BPU with its head on the CPU is a layer of its own
+            whole = p.placement.get(lay.head) == "BPU"
+            head = lay.head if whole else node.name
+            if head in seen:
+                continue
+            seen.add(head)
+            if whole:
+                last = [m for m in lay.members if p.placement.get(m) == "BPU"][-1]
+                kind, macs, ins, elems = lay.kind, lay.macs, lay.in_elements, lay.elements
+            else:
+                last = node.name
+                kind = op_kind(g, node)
+                macs = bpu_macs(g, node) if kind in MAC_KINDS else 0
+                ins = sum(self._aligned.get(t, 0) for t in node.inputs if g.is_activation(t))
+                elems = self._aligned.get(node.outputs[0], 0) if node.outputs else 0
+            out.append(LayerUse(head, p.subgraph.get(node.name, 0), kind, "int16" if head in p.in16 else "int8",
+                                macs, ins, elems, last in p.out16))
+        return out
+
+    def features(self, p: Precision, coefficients: BpuCoefficients | None = None) -> list[dict[str, float]]:
+        """Per BPU subgraph (in the order of their ids): the layers' microseconds by input precision
+        (``int8``, ``int16``, priced with ``coefficients``) and the subgraph-level amounts (:data:`GLOBAL_TERMS`)."""
+        return price_features(self.layer_terms(p), self.extras(p), coefficients or self.bpu)
+
+    def extras(self, p: Precision) -> dict[int, dict[str, float]]:
+        """Per BPU subgraph id: the amounts of the subgraph-level terms (requantized tensors, I/O, the
+        subgraph itself); the int16 writes are per layer (:meth:`layer_terms`)."""
+        g = self.graph
+        subs: dict[int, dict[str, float]] = {sub: {} for sub in {p.subgraph.get(n, 0) for n, w in p.placement.items()
+                                                                  if w == "BPU"}}
+
+        def add(sub: int, term: str, x: float) -> None:
+            f = subs.setdefault(sub, {})
+            f[term] = f.get(term, 0.0) + x
+
+        # hbdk's Requantize layers: an int16 tensor read by a BPU op that refuses int16 there (Resize,
+        # ConvTranspose, GlobalAveragePool: placement.md 3b), or written by an op that cannot emit int16;
+        # and a tensor the plan reads in two precisions. PP-OCRv4 under set_all_nodes_int16: 61 rows,
+        # 373 us; its int8 compile: none.
+        t = self.target
+        for tensor, dtypes in p.reads.items():
+            producer = g.producer.get(tensor)
+            bpu = producer if producer is not None and p.placement.get(producer.name) == "BPU" else None
+            have = set(dtypes)
+            if bpu is not None:
+                d = p.out_dtype.get(bpu.name)
+                if d in ("int8", "int16"):
+                    have.add(d)
+            wide = "int16" in have
+            accumulates = bpu is not None and self.layers[bpu.name].kind in MAC_KINDS   # rescales in the layer
+            refused = wide and (
+                (bpu is not None and not accumulates and not t.int16_output(bpu.op_type, bpu.proto)
+                 and bpu.name not in p.out16)
+                or any(p.placement.get(c.name) == "BPU" and not t.int16_input(c.op_type, k)
+                       for c, k in g.consumers.get(tensor, [])))
+            if refused or (len(have & {"int8", "int16"}) > 1 and not (accumulates and len(dtypes) == 1)):
+                sub = p.subgraph.get(producer.name, 0) if producer is not None else min(subs or {0: {}})
+                add(sub, "requant_kelem", self._aligned.get(tensor, 0) / 1e3)
+        # an int16-input Conv's output gets a rescale of its own (AdjustConvQuantParams' extra int16
+        # calibration: placement.md 3c): PP-OCRv4 under set_all_nodes_int16 has one variable_N_Requantize
+        # row after most of its Convs
+        for u in self.layer_terms(p):
+            if u.prec == "int16" and u.kind in ("conv", "dwconv", "scale"):
+                add(u.subgraph, "requant_kelem", u.elements / 1e3)
+        # DDR traffic in and out of every subgraph
+        for (sub, term), kbytes in self._io_kbytes(p).items():
+            add(sub, term, kbytes)
+        # tensors cut between the BPU and a CPU node or between two BPU subgraphs, once per tensor and
+        # subgraph that writes or reads it (model inputs and outputs are not cuts): PP-OCRv4's backbone
+        # cut from its neck hands the neck its three skip features through DDR as well
+        cut: set[tuple[str, int]] = set()
+        for node in g:
+            here = p.placement.get(node.name)
+            for t in node.inputs:
+                producer = g.producer.get(t)
+                if producer is None or not g.is_activation(t):
+                    continue
+                there = p.placement.get(producer.name)
+                sides = []
+                if here != there:
+                    sides = [p.subgraph.get((producer if there == "BPU" else node).name, 0)]
+                elif here == "BPU" and p.subgraph.get(producer.name) != p.subgraph.get(node.name):
+                    sides = [p.subgraph.get(producer.name, 0), p.subgraph.get(node.name, 0)]
+                for sub in sides:
+                    if (t, sub) not in cut:
+                        cut.add((t, sub))
+                        add(sub, "cut_tensor", 1.0)
+        for sub in subs:
+            add(sub, "subgraph", 1.0)
+        if subs:
+            add(min(subs), "model", 1.0)
+        return subs
+
+    def _io_kbytes(self, p: Precision) -> dict[tuple[int, str], float]:
+        """Kilobytes each subgraph loads and stores at its edges, as (subgraph, term): the model's own inputs
+        and outputs (``io_kbyte``), and tensors to and from CPU nodes or other subgraphs (``cut_kbyte``)."""
+        g = self.graph
+        out: dict[tuple[int, str], float] = {}
+        counted: set[tuple[str, int]] = set()
+        for node in g:
+            if p.placement.get(node.name) != "BPU":
+                continue
+            sub = p.subgraph.get(node.name, 0)
+            for t in node.inputs:
+                if not g.is_activation(t) or (t, sub) in counted:
+                    continue
+                producer = g.producer.get(t)
+                if producer is None or p.placement.get(producer.name) != "BPU" or p.subgraph.get(producer.name) != sub:
+                    counted.add((t, sub))
+                    d = "int16" if node.name in p.in16 else "int8"
+                    key = (sub, "io_kbyte" if producer is None else "cut_kbyte")
+                    out[key] = out.get(key, 0.0) + elements(g.shapes.get(t)) * _BYTES[d] / 1e3
+            for t in node.outputs:
+                readers = g.consumers.get(t, [])
+                cut = any(p.placement.get(c.name) != "BPU" or p.subgraph.get(c.name) != sub for c, _ in readers)
+                if (t in g.output_names or cut) and (t, -1 - sub) not in counted:
+                    counted.add((t, -1 - sub))
+                    d = p.out_dtype.get(node.name, "int8")
+                    key = (sub, "io_kbyte" if t in g.output_names else "cut_kbyte")
+                    out[key] = out.get(key, 0.0) + elements(g.shapes.get(t)) * _BYTES.get(d, 1) / 1e3
+        return out
+
+    def compiler_us(self, p: Precision, coefficients: BpuCoefficients | None = None) -> list[float]:
+        """The modeled hbdk estimate per BPU subgraph, in microseconds."""
+        c = coefficients or self.bpu
+        return [c.us(f) for f in self.features(p, c)]
+
+    # ------------------------------------------------------------------ the whole
     def bpu_seconds(self, name: str, int16: bool) -> float:
-        if name in self.profile and "bpu_ms" in self.profile[name]:
-            return self.profile[name]["bpu_ms"] / 1e3 * (self.c["int16_mac_factor"] if int16 else 1.0)
-        c = self.c
-        mac_rate = c["bpu_macs_per_s"] / (c["int16_mac_factor"] if int16 else 1.0)
-        byte_rate = c["bpu_bytes_per_s"] / (c["int16_byte_factor"] if int16 else 1.0)
-        return max(self.macs[name] / mac_rate, self.elements[name] / byte_rate)
+        """A profiled node's BPU time (``profile``), int16 at the shipped int16/int8 ratio of its kind."""
+        ms = self.profile[name]["bpu_ms"]
+        if not int16:
+            return ms / 1e3
+        ratio = self._layer_us(name, "int16", self.shipped) / max(self._layer_us(name, "int8", self.shipped), 1e-9)
+        return ms / 1e3 * max(ratio, 1.0)
 
     def cpu_seconds(self, name: str) -> float:
         if name in self.profile and "cpu_ms" in self.profile[name]:
@@ -117,18 +446,13 @@ class CostModel:
 
     def latency(self, plan: Plan) -> LatencyBreakdown:
         c = self.c
-        bpu = cpu = 0.0
-        instructions: set[str] = set()
-        for node in self.graph:
-            if plan.placement[node.name] == "BPU":
-                int16 = plan.in_dtype.get(node.name) == "int16" or plan.out_dtype.get(node.name) == "int16"
-                bpu += self.bpu_seconds(node.name, int16)
-                # a fused chain is one instruction only while all of it is on the BPU
-                head = self.group_of.get(node.name, node.name)
-                instructions.add(head if plan.placement.get(head) == "BPU" else node.name)
-            else:
-                cpu += self.cpu_seconds(node.name)
-        bpu += len(instructions) * c["bpu_op_overhead_s"]
+        p = Precision.of_plan(plan)
+        if self.profile and any("bpu_ms" in v for v in self.profile.values()):
+            per_sub = self._profiled_us(p)
+        else:
+            per_sub = self.compiler_us(p)
+        compiler_ms = sum(per_sub) / 1e3
+        cpu = sum(self.cpu_seconds(n.name) for n in self.graph if plan.placement[n.name] != "BPU")
         # Tensors that cross between CPU and BPU: quantized/dequantized and copied at run time.
         boundary = set()
         for node in self.graph:
@@ -136,18 +460,66 @@ class CostModel:
             for t in node.inputs:
                 if not self.graph.is_activation(t):
                     continue
-                p = self.graph.producer.get(t)
-                if (p is None and here == "BPU") or (p is not None and plan.placement[p.name] != here):
+                prod = self.graph.producer.get(t)
+                if (prod is None and here == "BPU") or (prod is not None and plan.placement[prod.name] != here):
                     boundary.add(t)
-        for t in self.graph.output_names:
-            p = self.graph.producer.get(t)
-            if p is not None and plan.placement[p.name] == "BPU":
-                boundary.add(t)
-        switch_elems = sum(_numel(self.graph.shapes.get(t)) for t in boundary)
-        switch = switch_elems / c["switch_elements_per_s"] + len(boundary) * c["switch_overhead_s"] \
-            + plan.n_subgraphs * c["subgraph_overhead_s"]
-        return LatencyBreakdown(bpu_ms=bpu * 1e3, cpu_ms=cpu * 1e3, switch_ms=switch * 1e3,
-                                subgraphs=plan.n_subgraphs, boundary_tensors=len(boundary))
+        outputs = {t for t in self.graph.output_names if (prod := self.graph.producer.get(t)) is not None
+                   and plan.placement[prod.name] == "BPU"}
+        b = self.board
+        if b.label:
+            # a board fit measured the model outputs' transfer and the fixed cost per run on that board: they
+            # replace the estimates for those two; the CPU nodes and the tensors between them and the BPU
+            # keep tuner's estimates
+            inner = boundary - outputs
+            out_mb = sum(4 * elements(self.graph.shapes.get(t)) for t in outputs) / 1e6
+            switch = sum(elements(self.graph.shapes.get(t)) for t in inner) / c["switch_elements_per_s"] \
+                + len(inner) * c["switch_overhead_s"] + (b.per_output_mb * out_mb + b.fixed_ms) / 1e3
+        else:
+            boundary |= outputs
+            switch = sum(elements(self.graph.shapes.get(t)) for t in boundary) / c["switch_elements_per_s"] \
+                + len(boundary) * c["switch_overhead_s"] + plan.n_subgraphs * c["subgraph_overhead_s"]
+        boundary |= outputs
+        int16_layers = len({self.layers[n].head for n in p.in16 | p.out16 if plan.placement.get(n) == "BPU"})
+        return LatencyBreakdown(bpu_ms=b.per_estimate * compiler_ms, cpu_ms=cpu * 1e3,
+                                switch_ms=switch * 1e3, subgraphs=plan.n_subgraphs,
+                                boundary_tensors=len(boundary), compiler_ms=compiler_ms,
+                                subgraph_ms=tuple(u / 1e3 for u in per_sub), int16_layers=int16_layers,
+                                fitted=self.fit.describe() if self.fit is not None else "")
+
+    def _profiled_us(self, p: Precision) -> list[float]:
+        """The hbdk estimate with measured per-node BPU times where the profile has them."""
+        per_sub = self.compiler_us(p)
+        subs = sorted({p.subgraph.get(n, 0) for n, w in p.placement.items() if w == "BPU"})
+        index = {s: i for i, s in enumerate(subs)}
+        for name, entry in self.profile.items():
+            if "bpu_ms" not in entry or p.placement.get(name) != "BPU" or name not in self.layers:
+                continue
+            lay = self.layers[name]
+            if lay.head != name:
+                continue
+            i = index.get(p.subgraph.get(name, 0))
+            if i is None:
+                continue
+            prec = "int16" if name in p.in16 else "int8"
+            per_sub[i] += self.bpu_seconds(name, prec == "int16") * 1e6 - self._layer_us(name, prec, self.bpu)
+        return per_sub
+
+    def _layer_us(self, name: str, prec: str, c: BpuCoefficients) -> float:
+        lay = self.layers[name]
+        return c.price(lay.kind, prec).us(lay.macs, lay.in_elements, lay.elements)
+
+
+def price_features(uses: Iterable[LayerUse], extras: Mapping[int, Mapping[str, float]], c: BpuCoefficients
+                   ) -> list[dict[str, float]]:
+    """Per subgraph (by id): the layers priced with ``c`` (microseconds, by input precision), the int16
+    writes, and ``extras``."""
+    subs: dict[int, dict[str, float]] = {k: dict(v) for k, v in extras.items()}
+    for u in uses:
+        f = subs.setdefault(u.subgraph, {})
+        f[u.prec] = f.get(u.prec, 0.0) + c.price(u.kind, u.prec).us(u.macs, u.in_elements, u.elements)
+        if u.out16:
+            f["out16_kelem"] = f.get("out16_kelem", 0.0) + u.elements / 1e3
+    return [subs[k] for k in sorted(subs)]
 
 
 def load_profile(path: str | Path) -> dict[str, dict[str, float]]:
@@ -170,3 +542,23 @@ def load_profile(path: str | Path) -> dict[str, dict[str, float]]:
         except (TypeError, ValueError):
             raise TunerError(f"{path}: {name}: times must be numbers (milliseconds)") from None
     return out
+
+
+def fits_dir() -> Path:
+    from tuner.files import cache_dir
+
+    return cache_dir() / "latency"
+
+
+def fit_path(model_sha256: str, march: str) -> Path:
+    return fits_dir() / f"{model_sha256[:32]}-{march}.json"
+
+
+def load_fit(model_sha256: str, march: str) -> ModelFit | None:
+    """``tuner latency fit``'s result for this model and march, when one was made (None otherwise)."""
+    path = fit_path(model_sha256, march)
+    try:
+        return ModelFit.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+

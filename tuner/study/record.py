@@ -53,15 +53,19 @@ class Latency:
     switch_ms: float
     subgraphs: int
     boundary_tensors: int
+    compiler_ms: float | None = None     # the modeled hbdk estimate (records before issue 23 have none)
 
     _KEYS = ("total_ms", "bpu_ms", "cpu_ms", "switch_ms", "subgraphs", "boundary_tensors")
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Latency:
-        return cls(**{k: d[k] for k in cls._KEYS})
+        return cls(**{k: d[k] for k in cls._KEYS}, compiler_ms=d.get("compiler_ms"))
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._KEYS}
+        out = {k: getattr(self, k) for k in self._KEYS}
+        if self.compiler_ms is not None:
+            out["compiler_ms"] = self.compiler_ms
+        return out
 
 
 @dataclass(frozen=True)

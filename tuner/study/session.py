@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from tuner import __version__
 from tuner.candidate import Calibration, Candidate
 from tuner.cost import CostModel
-from tuner.cost.latency import load_profile
+from tuner.cost.latency import load_fit, load_profile
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import write_atomic
 from tuner.inputs.model import file_fingerprint
@@ -106,7 +106,8 @@ class StudySession:
         ws = Workspace.for_space(space, threads=threads,
                                  progress=None if quiet else progress_printer("calibration statistics"))
         base = ws.base_candidate()
-        cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None)
+        fit = load_fit(ws.model.fingerprint, ws.target.march)
+        cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None, fit=fit)
         # what relative constraints scale, measured before the sensitivity pass (a bound that means
         # nothing is one line, not minutes later)
         space.objective = with_references(space.objective, ws, cost)
@@ -122,8 +123,11 @@ class StudySession:
                 f"eval_data has {n_eval} sample(s), fewer than study.min_eval_samples ({least}): the search selects "
                 "on these samples, so its front is tuned to them; add samples, or set validation_data so that the "
                 "winners are re-scored on others")
-        return cls(space=space, ws=ws, resolved=resolved, cost=cost, paths=paths, name=name, storage_url=storage,
-                   sensitivity=sensitivity, render=render)
+        session = cls(space=space, ws=ws, resolved=resolved, cost=cost, paths=paths, name=name, storage_url=storage,
+                      sensitivity=sensitivity, render=render)
+        if fit is not None:
+            session.notices.append(f"latency: BPU model {fit.describe()} (tuner latency fit)")
+        return session
 
     def fingerprints(self) -> dict[str, str]:
         return {"model": self.ws.model.fingerprint, "data": self.ws.calibration_data.fingerprint(),

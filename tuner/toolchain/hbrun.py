@@ -53,8 +53,9 @@ OUT_DIR = "model_output"
 #: A bump invalidates every cached run (a change of what a run records).
 RUN_FORMAT = 1
 
-_SUBGRAPH_RE = re.compile(r"Compile submodel:\s*(\S+)")
+_SUBGRAPH_RE = re.compile(r"Compile submodel:\s*(.+?)\s*$")
 _COST_RE = re.compile(r"FPS=([\d.]+),\s*latency\s*=\s*([\d.]+)\s*us,\s*DDR\s*=\s*(\d+)\s*bytes")
+_SEE_RE = re.compile(r"\(see (.+)\.html\)")
 _ERROR_RE = re.compile(r"error message:\s*(.+)$")
 _US_RE = re.compile(r"([\d.]+)\s*us")
 
@@ -288,7 +289,9 @@ def read_layers(path: Path) -> tuple[Layer, ...]:
 
 
 def read_subgraphs(log_text: str, out_dir: Path) -> tuple[Subgraph, ...]:
-    """Each ``Compile submodel: NAME`` line paired with the next hbdk cost line."""
+    """Every hbdk cost line, named by its ``(see NAME.html)`` (hb_mapper may compile two subgraphs before
+    it prints their costs: the example with two CPU cuts logs ``Compile submodel`` 1 and 2, then the costs
+    of 1 and 2), else by the last ``Compile submodel: NAME`` line before it."""
     subs = []
     name: str | None = None
     for line in log_text.splitlines():
@@ -297,9 +300,13 @@ def read_subgraphs(log_text: str, out_dir: Path) -> tuple[Subgraph, ...]:
             name = m.group(1)
             continue
         c = _COST_RE.search(line)
-        if c and name is not None:
-            subs.append(Subgraph(name=name, fps=float(c.group(1)), latency_us=float(c.group(2)),
-                                 ddr_bytes=int(c.group(3)), layers=read_layers(out_dir / f"{name}.json")))
+        if c:
+            see = _SEE_RE.search(line)
+            this = see.group(1) if see else name
+            if this is None:
+                continue
+            subs.append(Subgraph(name=this, fps=float(c.group(1)), latency_us=float(c.group(2)),
+                                 ddr_bytes=int(c.group(3)), layers=read_layers(out_dir / f"{this}.json")))
             name = None
     return tuple(subs)
 
