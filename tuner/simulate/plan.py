@@ -585,34 +585,31 @@ def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, 
 
 
 def _subgraphs(graph: Graph, placement: dict[str, str]) -> dict[str, int]:
-    """BPU subgraph ids, as hb_mapper splits them.
+    """BPU subgraph ids, as hb_mapper numbers them in its node table: by level.
 
-    A subgraph runs atomically, so no path may leave it through a CPU node and come back.
-    ``stage`` counts device switches along the longest path to a node; BPU nodes joined by a
-    BPU->BPU edge at the same stage share a subgraph (which makes every subgraph convex).
+    A BPU node's level is the largest, over its inputs, of its BPU producer's level and one more than the
+    level of a CPU producer that has a BPU node upstream (a CPU node takes the largest level of its
+    inputs); every BPU node of one level is one subgraph, connected or not. So no path leaves a subgraph
+    through a CPU node and comes back, and a CPU node that only reads model inputs (an input-side Slice)
+    starts no new subgraph. Measured on the example's real node tables (hb_mapper 1.24.3): all-BPU, the
+    Where split's Mul/Mul/Add after its CPU Cast are id(1), the rest id(0); with ``/Mul_1`` on the CPU the
+    Where part joins the encoder-decoder after it in id(1) while ``/Mul_5`` (reading an input Slice) stays
+    id(0); with ``/Slice`` on the CPU everything but the Where part is id(0); with ``/Mul_1`` and
+    ``/dec1/conv/Conv`` on the CPU three ids, the heads and the Where part in id(2).
     """
-    stage: dict[str, int] = {}
+    level: dict[str, int] = {}
+    upstream_bpu: dict[str, bool] = {}
     for node in graph:
-        s = 0
+        on_bpu = placement[node.name] == "BPU"
+        lvl, bpu_above = 0, False
         for tensor in node.inputs:
             p = graph.producer.get(tensor)
-            if p is not None:
-                s = max(s, stage[p.name] + (placement[p.name] != placement[node.name]))
-        stage[node.name] = s
-    parent = {n.name: n.name for n in graph if placement[n.name] == "BPU"}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for node in graph:
-        if node.name not in parent:
-            continue
-        for tensor in node.inputs:
-            p = graph.producer.get(tensor)
-            if p is not None and p.name in parent and stage[p.name] == stage[node.name]:
-                parent[find(node.name)] = find(p.name)
-    ids: dict[str, int] = {}
-    return {n.name: ids.setdefault(find(n.name), len(ids)) for n in graph if n.name in parent}
+            if p is None:
+                continue
+            p_bpu = placement[p.name] == "BPU"
+            bpu_above = bpu_above or p_bpu or upstream_bpu[p.name]
+            step = 1 if on_bpu and not p_bpu and upstream_bpu[p.name] else 0
+            lvl = max(lvl, level[p.name] + step)
+        level[node.name], upstream_bpu[node.name] = lvl, bpu_above
+    ids: dict[int, int] = {}
+    return {n.name: ids.setdefault(level[n.name], len(ids)) for n in graph if placement[n.name] == "BPU"}

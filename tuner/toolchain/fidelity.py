@@ -133,7 +133,7 @@ class CaseResult:
     threshold_pairs: int = 0                      # nodes with both input thresholds
     threshold_off: tuple[tuple[str, float, float], ...] = ()   # (node, sim, real) beyond THRESHOLD_TOL
     dtype_off: tuple[tuple[str, str, str], ...] = ()            # (node, sim, real)
-    placement_off: tuple[tuple[str, str, str], ...] = ()        # (node, sim, real)
+    placement_off: tuple[tuple[str, str, str], ...] = ()        # (node, sim, real): CPU/BPU or subgraph id
     node_cosine_median: float | None = None       # median |real - sim| per-node cosine, sample 0
     node_pairs: int = 0
     real_int16: tuple[str, ...] = ()              # tensors the tool made int16 (its calibrated model)
@@ -177,11 +177,16 @@ class CaseResult:
 
 def _node_checks(comparison: Comparison) -> dict[str, Any]:
     thr_pairs, thr_off, dtype_off, place_off, deltas = 0, [], [], [], []
+    sim_to_real: dict[int, set[int]] = {}
+    real_to_sim: dict[int, set[int]] = {}
     for n in comparison.nodes:
         if n.real_on is None:
             continue
         if n.real_on != n.sim_on:
             place_off.append((n.node, n.sim_on, n.real_on))
+        elif n.real_on == "BPU" and n.sim_subgraph is not None and n.real_subgraph is not None:
+            sim_to_real.setdefault(n.sim_subgraph, set()).add(n.real_subgraph)
+            real_to_sim.setdefault(n.real_subgraph, set()).add(n.sim_subgraph)
         if n.sim_threshold is not None and n.real_threshold is not None and n.real_threshold > 0:
             thr_pairs += 1
             if abs(n.sim_threshold / n.real_threshold - 1) > THRESHOLD_TOL:
@@ -192,6 +197,11 @@ def _node_checks(comparison: Comparison) -> dict[str, Any]:
             dtype_off.append((n.node, n.sim_dtype, n.real_dtype))
         if n.sim_cosine is not None and n.real_cosine is not None:
             deltas.append(abs(n.real_cosine - n.sim_cosine))
+    # the subgraphs: the same partition of the BPU nodes (ids matched one to one)
+    for n in comparison.nodes:
+        if n.real_on == n.sim_on == "BPU" and n.sim_subgraph is not None and n.real_subgraph is not None and (
+                len(sim_to_real[n.sim_subgraph]) > 1 or len(real_to_sim[n.real_subgraph]) > 1):
+            place_off.append((n.node, f"BPU id({n.sim_subgraph})", f"BPU id({n.real_subgraph})"))
     return {"threshold_pairs": thr_pairs, "threshold_off": tuple(thr_off), "dtype_off": tuple(dtype_off),
             "placement_off": tuple(place_off), "node_pairs": len(deltas),
             "node_cosine_median": statistics.median(deltas) if deltas else None}
