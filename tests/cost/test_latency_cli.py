@@ -64,6 +64,36 @@ def test_board_campaign(tiny_project, tmp_path):
     assert r.returncode != 0 and "no board campaign named 'other'" in r.stderr
 
 
+def test_a_search_space_names_its_board(tmp_path):
+    """``board: NAME`` in a space: its trials' latency is that board's (the BPU part scaled by its fit); a
+    board without a campaign is one line and exit 2, before the statistics pass."""
+    from helpers import write_tiny_space
+
+    space = write_tiny_space(tmp_path, extra="board: desk\n")
+    cache = {"TUNER_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", str(space), "--n-trials", "2"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=900, env={**os.environ, **cache})
+    assert r.returncode == 2 and "no board campaign named 'desk'" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "cache" / "stats").exists()
+    perf = tmp_path / "perf.txt"
+    perf.write_text((DATA / "perf_x3_mobilenetv1_1thread.txt").read_text())
+    cfg = tmp_path / "tiny" / "hb_config.yaml"
+    b = run("latency", "board", perf, "--config", cfg, "--hbdk-ms", "0.5", "--board", "desk", env=cache)
+    assert b.returncode == 0, b.stderr
+    from tuner.study.session import StudySession
+
+    os.environ["TUNER_CACHE_DIR"] = cache["TUNER_CACHE_DIR"]
+    try:
+        on_board = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
+        plain = StudySession.open(write_tiny_space(tmp_path / "plain"), results_dir=tmp_path / "results2", quiet=True)
+    finally:
+        del os.environ["TUNER_CACHE_DIR"]
+    cand = plain.ws.base_candidate()
+    a = on_board.cost.latency(on_board.ws.simulator.plan(cand))
+    p = plain.cost.latency(plain.ws.simulator.plan(cand))
+    assert a.total_ms != pytest.approx(p.total_ms) and on_board.cost.board.label != plain.cost.board.label
+
+
 def test_fit_on_the_tiny_model(hb_toolchain, tiny_project):
     """Three real O3 compiles of the tiny model (all-int8, int16 on its largest layers, a Conv on the CPU):
     the fitted model reproduces hbdk on them, is kept by model fingerprint, and eval says it uses it."""

@@ -42,18 +42,13 @@ def real_qtype_counts(real: MappedThresholds) -> dict[str, int]:
 def cost_model(ws: Any, board: str | None = None) -> Any:
     """The cost model for the workspace's model: with ``tuner latency fit``'s constants for it when they
     exist, and with board ``board``'s fit when named."""
-    from tuner.cost.latency import BoardFit, CostModel, load_fit
+    from tuner.cost.latency import CostModel, load_fit
 
     bfit = None
     if board:
-        from tuner.commands.latency import board_fit
+        from tuner.cost.board import require_board_fit
 
-        default = BoardFit.from_dict((ws.target.raw.get("cost") or {}).get("board") or {})
-        found = board_fit(board, default)
-        if found is None:
-            raise TunerError(f"no board campaign named {board!r}: tuner latency board PERF.txt --config YAML "
-                             f"--board {board}")
-        bfit = found[0]
+        bfit = require_board_fit(board, ws.target.raw)
     return CostModel(ws.graph, ws.target, fit=load_fit(ws.model.fingerprint, ws.target.march), board=bfit)
 
 

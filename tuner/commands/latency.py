@@ -73,23 +73,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-def boards_dir() -> Path:
-    from tuner.files import cache_dir
-
-    return cache_dir() / "boards"
-
-
-def board_fit(name: str, default: Any) -> tuple[Any, float] | None:
-    """The newest campaign of board ``name``, fitted (None: no campaign of that name)."""
-    from tuner.cost.board import campaigns
-
-    found = campaigns(boards_dir(), name)
-    if not found:
-        return None
-    path, camp = max(found, key=lambda pc: pc[0].stat().st_mtime)
-    return camp.fit(default)
-
-
 def variants(graph: Any, target: Any, base: Any, n16: int, cut: bool) -> list[tuple[str, Any]]:
     """The compiles ``fit`` makes: (name, candidate), from the YAML's calibration and placement requests
     (its precision requests dropped): all-int8; int16 on the ``n16`` Convs with the most MACs (what
@@ -231,6 +214,8 @@ def board(args: argparse.Namespace) -> int:
     out_mb = sum(4 * _numel(ws.graph.shapes.get(t)) for t in ws.graph.output_names) / 1e6
     point = BoardPoint(name=Path(run.model_file or args.config).name, hbdk_ms=float(est), output_mb=out_mb,
                        board_ms=run.average_ms, estimate_source=source, source=str(Path(args.perf).resolve()))
+    from tuner.cost.board import boards_dir
+
     folder = boards_dir()
     path = campaign_path(folder, args.board, run.firmware)
     camp = load_campaign(path) or Campaign(board=args.board, firmware=run.firmware)
@@ -268,6 +253,7 @@ def _numel(shape: Any) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
+    from tuner.cost.board import board_fit
     from tuner.cost.latency import BoardFit, CostModel, load_fit
     from tuner.workspace import Workspace
 

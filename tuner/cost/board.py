@@ -173,3 +173,35 @@ def campaigns(folder: Path, board: str | None = None) -> list[tuple[Path, Campai
         if c is not None and (board is None or c.board == board):
             out.append((p, c))
     return out
+
+
+def boards_dir() -> Path:
+    """Where ``tuner latency board`` keeps its campaigns: ``boards`` in tuner's cache folder."""
+    from tuner.files import cache_dir
+
+    return cache_dir() / "boards"
+
+
+def board_fit(name: str, default: BoardFit) -> tuple[BoardFit, float] | None:
+    """The newest campaign of board ``name``, fitted (None: no campaign of that name)."""
+    found = campaigns(boards_dir(), name)
+    if not found:
+        return None
+    path, camp = max(found, key=lambda pc: pc[0].stat().st_mtime)
+    return camp.fit(default)
+
+
+def check_board(name: str) -> None:
+    """One line when there is no campaign of board ``name`` (before any expensive work)."""
+    if not campaigns(boards_dir(), name):
+        raise TunerError(f"no board campaign named {name!r} in {boards_dir()}: tuner latency board PERF.txt "
+                         f"--config YAML --board {name}")
+
+
+def require_board_fit(name: str, target_raw: dict[str, Any]) -> BoardFit:
+    """Board ``name``'s fit, or one line saying how to make it."""
+    check_board(name)
+    default = BoardFit.from_dict((target_raw.get("cost") or {}).get("board") or {})
+    found = board_fit(name, default)
+    assert found is not None
+    return found[0]

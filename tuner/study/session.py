@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from tuner import __version__
 from tuner.candidate import Calibration, Candidate
 from tuner.cost import CostModel
+from tuner.cost.board import check_board, require_board_fit
 from tuner.cost.latency import load_fit, load_profile
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import write_atomic
@@ -103,11 +104,15 @@ class StudySession:
         name = name or space.name
         paths = StudyPaths(Path(results_dir) / name)
         check_outputs(paths, storage)      # before the statistics pass and the sensitivity ranking
+        if space.board:
+            check_board(space.board)
         ws = Workspace.for_space(space, threads=threads,
                                  progress=None if quiet else progress_printer("calibration statistics"))
         base = ws.base_candidate()
         fit = load_fit(ws.model.fingerprint, ws.target.march)
-        cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None, fit=fit)
+        board = require_board_fit(space.board, ws.target.raw) if space.board else None
+        cost = CostModel(ws.graph, ws.target, load_profile(space.profile) if space.profile else None, fit=fit,
+                         board=board)
         # what relative constraints scale, measured before the sensitivity pass (a bound that means
         # nothing is one line, not minutes later)
         space.objective = with_references(space.objective, ws, cost)

@@ -82,6 +82,7 @@ class SearchSpace:
     objective: Objectives
     settings: StudySettings
     profile: Path | None = None
+    board: str | None = None           # a board campaign's name (tuner latency board): latency on that board
     thresholds: Path | None = None     # hb_mapper's calibrated model: real thresholds for every trial
     validation_data: list[Path] | None = None   # re-score the winners here (None: see validation.validation_data)
 
@@ -187,6 +188,10 @@ def load_space(path: str | Path) -> SearchSpace:
         profile = (path.parent / str(raw["profile"])).resolve()
         if not profile.is_file():
             raise TunerError(f"{path}: profile: {raw['profile']!r} not found (resolved to {profile})")
+    board = raw.get("board")
+    if board is not None and (not isinstance(board, str) or not board.strip()):
+        raise TunerError(f"{path}: board: expected the name of a board campaign (tuner latency board ... --board NAME), "
+                         f"got {board!r}")
     thresholds = None
     if raw.get("thresholds") is not None:
         thresholds = (path.parent / str(raw["thresholds"])).resolve()
@@ -198,7 +203,8 @@ def load_space(path: str | Path) -> SearchSpace:
         raw["thresholds_sha256"] = file_fingerprint(thresholds)   # a new calibrated model is a new space
         knobs = _pinned_to_base(path, given, base, raw)
     return SearchSpace(path=path, raw=raw, base=base, eval_data=eval_data, rule=rule, knobs=knobs, objective=objective,
-                       settings=settings, profile=profile, thresholds=thresholds, validation_data=validation_data)
+                       settings=settings, profile=profile, thresholds=thresholds, validation_data=validation_data,
+                       board=board.strip() if board else None)
 
 
 def _pinned_to_base(path: Path, given: dict[str, Any], base: Path, raw: dict[str, Any]) -> CalibrationKnobs:
