@@ -59,7 +59,13 @@ def _space(root: Path, base: Path, body: dict) -> Path:
 
 
 # --------------------------------------------------------------------------- segdepth
-def prepare_segdepth(root: Path, top_k: int = 24, min_accuracy: float = 0.9999,
+#: segdepth's goal: the real tool's best configuration of the example (the main job's best.yaml) gives 0.99982
+#: mean cosine on its quantized model, and the simulation, which now tracks the real tool, tops out near 0.99988
+#: in this space: 0.9999 (the goal before the simulation followed hb's rules) is out of reach for every method.
+SEGDEPTH_GOAL = 0.9998
+
+
+def prepare_segdepth(root: Path, top_k: int = 24, min_accuracy: float = SEGDEPTH_GOAL,
                      precision: tuple[str, ...] | None = None, calibration: dict | None = None) -> Prepared:
     """The bundled example's space; ``precision`` / ``calibration`` replace its lists (a smaller space)."""
     prepare_data()
