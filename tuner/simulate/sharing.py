@@ -11,6 +11,10 @@ toolchain (hb_mapper 1.24.3, hmct 1.1.0) on controlled models, from the calibrat
   MaxPool, Resize, ...; hmct's ``can_be_skipped`` list in ``hmct/common/misc/find_calibration_node.py``,
   plus Resize, observed) joins its input and its outputs into one group. A splitting op (Slice,
   Split, Gather) on the CPU joins too while the tensor it reads has a BPU reader.
+* **A standalone Clip** (on the BPU, not fused into a Conv before it) joins its input's group too: hb runs
+  it as a table whose output keeps the input's threshold (toys X4, X6, Y3, Y4, W5: a Clip(0, 6) after an
+  Add or an unfused Conv prints its input's 12.2, 19.3, 18.6, 9.72 on both sides, int8 and int16 alike;
+  the example's pareto_t22, whose int16 entry on ``/radar/act/Clip`` unfuses it: 33.839, not 6).
 * **Concat.** A Concat input that only the Concat reads joins the Concat's output (its producer
   quantizes straight at the Concat's scale); an input another op reads keeps its own threshold and
   is requantized to the Concat's (``HzRequantize``), which the consumer's rounding of the Concat output
@@ -36,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from tuner.candidate import Candidate
-from tuner.graph import Graph, Target
+from tuner.graph import Graph, Node, Target
 
 #: Readers that split a tensor into parts sharing its grid; they join a group on the CPU too.
 SPLIT_OPS = frozenset({"Slice", "Split", "Gather"})
@@ -95,9 +99,17 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
         if p is not None and placement[n.name] == "BPU" and (p.name, n.name) not in fused_pairs:
             tables.add(n.name)
 
+    def standalone_clip(node: Node) -> bool:
+        p = graph.producer.get(node.inputs[0]) if node.inputs else None
+        return node.op_type == "Clip" and placement[node.name] == "BPU" and not (
+            p is not None and (p.name, node.name) in fused_pairs)
+
+    # a standalone Clip is such a table too: its input is calibrated, and the group takes that threshold
+    tables |= {n.name for n in graph if standalone_clip(n)}
+
     for node in graph:
         data = graph.data_inputs(node)
-        if node.op_type in through and data and node.outputs:
+        if (node.op_type in through or standalone_clip(node)) and data and node.outputs:
             t = data[0][1]
             if placement[node.name] == "BPU" or (node.op_type in SPLIT_OPS and has_bpu_reader(t)):
                 for o in node.outputs:
@@ -125,10 +137,17 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
                     return True
             return False
 
+        def entry_reader(t: str) -> bool:
+            """A pass-through reader of ``t`` with a node_info entry; not an activation fused into the Conv
+            that writes ``t`` (no calibration node there: toys V1, V3, U7, U9, an int16 entry on such a Relu
+            leaves the Relu output's threshold as it was, 9.594 and 16.2 in V1 and V3 as in V0)."""
+            p = graph.producer.get(t)
+            return any(c.name in entries for c, _ in graph.consumers.get(t, [])
+                       if (c.name, t) in joined and not (p is not None and (p.name, c.name) in fused_pairs))
+
         source = None
         for root in roots:
-            if calibrated(root) or any(c.name in entries for c, _ in graph.consumers.get(root, [])
-                                       if (c.name, root) in joined):
+            if calibrated(root) or entry_reader(root):
                 source = root
                 break
         if source is None:
