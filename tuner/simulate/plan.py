@@ -165,6 +165,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         else:
             placement[node.name] = "CPU"
 
+    notes += _fused_activation_stays(graph, target, candidate, placement)
+    notes += _where_cast_on_bpu(graph, placement)
     notes += _follow_the_cpu(graph, target, candidate, placement)
 
     if placement and not any(p == "BPU" for p in placement.values()):
@@ -343,6 +345,43 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                 subgraph=subgraph, in_dtype=in_dtype, out_dtype=out_dtype, passthrough=passthrough,
                 scale_of=scale_of, notes=notes, emitted=emitted, calibrated=calibrated, softmax=softmax,
                 internal=internal, fixed=fixed, derived=derived, unsigned=unsigned, fused=frozenset(fused))
+
+
+def _fused_activation_stays(graph: Graph, target: Target, candidate: Candidate, placement: dict[str, str]) -> list[str]:
+    """An ``ON: CPU`` on a Relu or Clip fused right after a Conv that runs on the BPU does nothing: hb fuses
+    it all the same (toys Q1, Q2: the Conv's output has no calibration node, the activation no row; the
+    latency benchmark's pareto_t37 on the example: ``/radar/act/Clip`` with ``ON: CPU`` is not among hb's
+    CPU nodes)."""
+    notes = []
+    for group in fusion_groups(graph, target):
+        if len(group) < 2 or group[0].op_type != "Conv" or placement.get(group[0].name) != "BPU":
+            continue
+        act = group[1]
+        if act.op_type in CONV_ACTIVATIONS and placement.get(act.name) == "CPU" and candidate.setting(act.name).on == "CPU":
+            placement[act.name] = "BPU"
+            notes.append(f"{act.name} ({act.op_type}): 'ON': 'CPU' has no effect on an activation fused into its Conv "
+                         f"{group[0].name}, which runs on the BPU (hb_mapper fuses them all the same)")
+    return notes
+
+
+def _where_cast_on_bpu(graph: Graph, placement: dict[str, str]) -> list[str]:
+    """The Cast a split Where starts with (``<name>_cast``, tuner.graph.optimize) is not in hb's graph when
+    the comparison it reads runs on the BPU: the comparison (``HzQuantizedComparison``) feeds the Where's
+    ``_mul_x`` and ``_equal`` itself, so ``_mul_x`` joins the comparison's BPU subgraph (the latency benchmark's
+    Pareto trials on the example, ``/Greater`` with ``ON: BPU``: no ``/Where_cast`` row, ``/Where_mul_x`` in
+    id(0) with the trunk, ``/Where_mul_y`` after the CPU ``/Where_equal`` in id(1)). tuner keeps the Cast (it
+    changes no value: 0/1 read with scale 1) and runs it on the BPU beside the comparison."""
+    notes = []
+    for rw in graph.names.rewrites.values():
+        if rw.op_type != "Where" or not rw.nodes or rw.nodes[0] not in graph.by_name:
+            continue
+        cast = graph.by_name[rw.nodes[0]]
+        p = graph.producer.get(cast.inputs[0]) if cast.op_type == "Cast" and cast.inputs else None
+        if p is not None and placement.get(p.name) == "BPU" and placement.get(cast.name) == "CPU":
+            placement[cast.name] = "BPU"
+            notes.append(f"{cast.name} (Cast): hb_mapper has no such node when {p.name} ({p.op_type}) runs on the "
+                         "BPU; it is simulated there, beside it")
+    return notes
 
 
 #: Ops hb_mapper moves to the CPU when every node reading their output is on the CPU and they carry no

@@ -19,7 +19,12 @@ toolchain (hb_mapper 1.24.3, hmct 1.1.0) on controlled models, from the calibrat
   quantizes straight at the Concat's scale); an input another op reads keeps its own threshold and
   is requantized to the Concat's (``HzRequantize``), which the consumer's rounding of the Concat output
   models; so is one whose group reaches the input of a Relu that is not fused into its producer (a
-  table on the BPU, whose input keeps its own calibration; the example under set_all_nodes_int16).
+  table on the BPU, whose input keeps its own calibration; the example under set_all_nodes_int16). A
+  Concat with a node_info entry of its own joins none of its inputs: each keeps its threshold and is
+  requantized to the Concat's (the example's latency configurations: with int16 in and out on ``/Concat_4``
+  its Resize input keeps 4.647 against the Concat's 11.484, with int16 on ``/stem/conv/Conv`` and
+  ``/fuse/conv/Conv`` instead it takes 11.484; ``/Concat_1`` with an entry: ``/Mul_1`` 5.570, the Concat
+  6.0; without: both 6.0).
 * **The group's threshold.** The group's root (the tensor no member produces) when it has a
   calibration node of its own: a compute op on the BPU reads it directly, or one of its pass-through
   readers carries a ``node_info`` entry other than ``ON: CPU`` (an ``InputType``, ``OutputType`` or
@@ -115,7 +120,7 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
                 for o in node.outputs:
                     groups.union(t, o)
                 joined.add((node.name, t))
-        elif node.op_type == "Concat" and placement[node.name] == "BPU" and node.outputs:
+        elif node.op_type == "Concat" and placement[node.name] == "BPU" and node.outputs and node.name not in entries:
             for _, t in data:
                 if len(graph.consumers.get(t, [])) == 1 and not own_root(t):
                     groups.union(node.outputs[0], t)
@@ -166,7 +171,11 @@ def threshold_sources(graph: Graph, target: Target, candidate: Candidate, placem
     """``scale_of`` (a plan's same-scale links) with hb's threshold sharing, every entry resolved to
     the tensor at the end of its chain. The groups win over the same-scale links they cover."""
     links = dict(scale_of)
-    links.update(shared_groups(graph, target, candidate, placement, fused))
+    shared = shared_groups(graph, target, candidate, placement, fused)
+    links.update(shared)
+    for source in set(shared.values()):     # a group's source is its own threshold, even behind a Resize
+        if shared.get(links.get(source, "")) == source:
+            del links[source]
 
     def resolve(t: str) -> str:
         seen = {t}
