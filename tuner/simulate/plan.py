@@ -15,13 +15,15 @@ quantization points:
   their consumers do not round again; same-scale ops (Resize, AveragePool) keep the scale
   but leave the grid, so their output is rounded again with the input's scale;
 * weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel;
-* int16 is resolved per threshold group, as hb_mapper spreads it (:func:`_int16_spread`): a request
+* int16 is resolved per threshold group, as hb_mapper spreads it (:meth:`_Rules.spread`): a request
   on any member makes the whole group int16; each reader then takes int16 where its input may be
   (MatMul: input 0 only; not Resize, GlobalAveragePool, ConvTranspose) and each producer emits it
   where its output may (not Resize, ConvTranspose, a dilated Conv); a refused request falls back to
-  int8 with hb_mapper's warning text. A Conv whose int16 input hb cannot quantize is set back to
-  int8 at quantization (:func:`_conv_int16_dropped`), and an int16 residual input unfuses
-  Conv+Add(+Relu).
+  int8 with hb_mapper's warning text. An OutputType is handed to the readers of the fusion group's
+  output (an InputType on a fused Relu too), which take it where they may (:meth:`_Rules.request_output`);
+  a function table whose output is int16 reads int16. A Conv whose int16 input hb cannot quantize is
+  set back to int8 at quantization (:meth:`_Rules.conv_int16_dropped`), an int16 input of a residual
+  Add or of its Conv unfuses Conv+Add(+Relu), an int16 entry on the Clip of Conv+Clip unfuses it.
 """
 
 from __future__ import annotations
