@@ -11,7 +11,8 @@ mean the same in opset 11, so the suite relabels it, as a user would re-export i
 Every configuration the issue lists: max, max_percentile 0.99995, kl, default, per_channel,
 set_all_nodes_int16, int16 on two Convs, ``ON: CPU`` on an interior node, and on the example the
 input's ``/Slice`` on the CPU, two decoder Convs on the CPU (hb moves four more nodes there) and the
-exported best.yaml of the README's main job (``/Slice`` int16 under ``calibration_type: default``).
+exported best.yaml of the README's main job (``/Slice`` int16 under ``calibration_type: default``), and two
+int16 configurations of the latency benchmark (``benchmarks/latency_fidelity.py``: int16_top5, pareto_t14).
 Conversions run at O0 (the same calibrated and quantized models as O3, seconds instead of minutes) and
 are cached by content between runs.
 """
@@ -45,6 +46,18 @@ EXAMPLE_CASES = CALIBRATIONS + (
     # two decoder Convs on the CPU: hb moves their Relus, the Resize and the Concat between them there too
     Case("cpu_decoder", node_info={"/dec2/conv/Conv": {"ON": "CPU"}, "/dec3/conv/Conv": {"ON": "CPU"}}),
     Case("best", {"calibration_type": "default"}, node_info={"/Slice": dict(INT16)}),
+    # the latency benchmark's int16 on the five nodes tuner sensitivity ranks first: int16 on the fused
+    # /dec3/act/Relu, whose group only a Resize reads, makes nothing int16
+    Case("int16_top5", node_info={n: dict(INT16) for n in ("/Slice_1", "/Slice_2", "/Slice", "/Concat_1",
+                                                            "/dec3/act/Relu")}),
+    # a Pareto trial of a short search (the latency benchmark's pareto_t14): int16 entries on fused Relus,
+    # on the Conv of a residual block (which unfuses it) and on a Mul read through a Sigmoid
+    Case("pareto_t14", node_info={
+        **{n: dict(INT16) for n in ("/Concat_1", "/Concat_3", "/Mul_3", "/Slice", "/Slice_2", "/dec2/conv/Conv",
+                                    "/dec3/act/Relu", "/dec3/conv/Conv", "/enc3/enc3.1/conv2/Conv")},
+        "/Greater": {"ON": "BPU"}, "/Slice_1": {"ON": "CPU"},
+        **{n: {"InputType": "int16"} for n in ("/enc3/enc3.0/act/Relu", "/enc3/enc3.0/conv/Conv",
+                                               "/enc3/enc3.1/conv1/act/Relu")}}),
 )
 
 PPOCR_CASES = CALIBRATIONS + (

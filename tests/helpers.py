@@ -330,6 +330,29 @@ class Toy:
         self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
         return name
 
+    def project(self, root, outputs, name="toy", node_info="{}", n=6, sample=None):
+        """The model, ``n`` calibration samples (``sample(rng)``, default N(0, 1)) and an hb_mapper YAML in
+        ``root``: the YAML's path (for a Workspace, or the real toolchain)."""
+        root.mkdir(parents=True, exist_ok=True)
+        g = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.shape)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
+        model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)],
+                                                                    ir_version=7))
+        shapes = {v.name: v for v in model.graph.value_info}
+        for o in model.graph.output:
+            if o.name in shapes:
+                o.CopyFrom(shapes[o.name])
+        onnx.checker.check_model(model)
+        onnx.save(model, str(root / f"{name}.onnx"))
+        (root / "cal").mkdir(exist_ok=True)
+        rng = np.random.default_rng(1)
+        for i in range(n):
+            x = sample(rng) if sample else rng.standard_normal(self.shape)
+            np.asarray(x, np.float32).tofile(root / "cal" / f"{i:04d}.bin")
+        cfg = root / "hb_config.yaml"
+        cfg.write_text(hb_yaml(f"{name}.onnx", "x", "x".join(map(str, self.shape)), node_info=node_info, prefix=name))
+        return cfg
+
     def graph(self, outputs):
         g = helper.make_graph(self.nodes, "toy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.shape)],
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)

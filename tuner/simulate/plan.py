@@ -15,13 +15,15 @@ quantization points:
   their consumers do not round again; same-scale ops (Resize, AveragePool) keep the scale
   but leave the grid, so their output is rounded again with the input's scale;
 * weights of BPU Conv/Gemm/MatMul nodes are int8 per output channel;
-* int16 is resolved per threshold group, as hb_mapper spreads it (:func:`_int16_spread`): a request
+* int16 is resolved per threshold group, as hb_mapper spreads it (:meth:`_Rules.spread`): a request
   on any member makes the whole group int16; each reader then takes int16 where its input may be
   (MatMul: input 0 only; not Resize, GlobalAveragePool, ConvTranspose) and each producer emits it
   where its output may (not Resize, ConvTranspose, a dilated Conv); a refused request falls back to
-  int8 with hb_mapper's warning text. A Conv whose int16 input hb cannot quantize is set back to
-  int8 at quantization (:func:`_conv_int16_dropped`), and an int16 residual input unfuses
-  Conv+Add(+Relu).
+  int8 with hb_mapper's warning text. An OutputType is handed to the readers of the fusion group's
+  output (an InputType on a fused Relu too), which take it where they may (:meth:`_Rules.request_output`);
+  a function table whose output is int16 reads int16. A Conv whose int16 input hb cannot quantize is
+  set back to int8 at quantization (:meth:`_Rules.conv_int16_dropped`), an int16 input of a residual
+  Add or of its Conv unfuses Conv+Add(+Relu), an int16 entry on the Clip of Conv+Clip unfuses it.
 """
 
 from __future__ import annotations
@@ -112,8 +114,28 @@ def hb_candidate(graph: Graph, candidate: Candidate) -> tuple[Candidate, list[st
     entries under ONNX names the optimizer replaced go to the nodes standing for them."""
     if not any(name in graph.names.rewrites for name, _ in candidate.nodes):
         return candidate, []
-    nodes, notes = graph.names.translate(tuple((n, s.to_dict()) for n, s in candidate.nodes), set(graph.by_name))
-    return Candidate.make(candidate.calibration, nodes, candidate.optimization), notes
+    entries, notes = [], []
+    for name, setting in candidate.nodes:
+        fields = setting.to_dict()
+        r = graph.names.rewrites.get(name)
+        if r is not None and name not in graph.by_name and r.nodes and _BIAS_FOLD in r.reason:
+            # hb folds an Add of a constant into the bias of the lowered Mul before it: the Add is gone when
+            # node_info is applied, so its int16 fields do nothing (PP-OCRv4's int16_top10 of the latency
+            # benchmark: ``p2o.Add.98``, int16 in and out, left ``p2o.Mul.70`` int8 in hb's calibrated model)
+            dropped = [k for k in fields if k.startswith(("InputType", "OutputType"))]
+            if dropped:
+                notes.append(f"node_info {name!r} ({r.op_type}): {r.reason} by hb_mapper's optimizer before "
+                             f"calibration; its {', '.join(dropped)} has no effect")
+                fields = {k: v for k, v in fields.items() if k not in dropped}
+                if not fields:
+                    continue
+        entries.append((name, fields))
+    nodes, more = graph.names.translate(tuple(entries), set(graph.by_name))
+    return Candidate.make(candidate.calibration, nodes, candidate.optimization), notes + more
+
+
+#: The reason tuner.graph.optimize gives an Add/Sub of a constant folded into a lowered Mul's bias.
+_BIAS_FOLD = "of a constant folded into"
 
 
 def check_node_names(graph: Graph, candidate: Candidate) -> None:
@@ -145,6 +167,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         else:
             placement[node.name] = "CPU"
 
+    notes += _fused_activation_stays(graph, target, candidate, placement)
+    notes += _where_cast_on_bpu(graph, placement)
     notes += _follow_the_cpu(graph, target, candidate, placement)
 
     if placement and not any(p == "BPU" for p in placement.values()):
@@ -157,10 +181,10 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
     # Fusion groups, less the Conv+Add(+Relu) groups an int16 residual input unfuses (which changes the
     # int16 groups in turn: two rounds at most in practice).
     all_groups = fusion_groups(graph, target)
-    unfused: set[int] = set()
+    unfused = {i for i, g in enumerate(all_groups) if _clip_entries_unfuse(g, candidate)}
     while True:
         rules = _Rules(graph, target, candidate, placement, [g for i, g in enumerate(all_groups) if i not in unfused],
-                       all_int16)
+                       all_int16, all_groups)
         wide = rules.spread()
         newly = {i for i, g in enumerate(all_groups) if i not in unfused and rules.unfuses(g, wide)}
         if not newly:
@@ -208,7 +232,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                 if is16(tensor) and target.int16_input(node.op_type, k):
                     dtype = INT16
                     if producer is not None and p_bpu and not out16[producer.name]:
-                        if passive:
+                        if passive and node.op_type not in REQUANTIZING_PASSIVE:
                             dtype = INT8   # a Slice/Reshape/... passes its producer's int8 values through
                             calibrated[(node.name, k)] = (tensor, INT16)
                         else:
@@ -325,6 +349,43 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                 internal=internal, fixed=fixed, derived=derived, unsigned=unsigned, fused=frozenset(fused))
 
 
+def _fused_activation_stays(graph: Graph, target: Target, candidate: Candidate, placement: dict[str, str]) -> list[str]:
+    """An ``ON: CPU`` on a Relu or Clip fused right after a Conv that runs on the BPU does nothing: hb fuses
+    it all the same (toys Q1, Q2: the Conv's output has no calibration node, the activation no row; the
+    latency benchmark's pareto_t37 on the example: ``/radar/act/Clip`` with ``ON: CPU`` is not among hb's
+    CPU nodes)."""
+    notes = []
+    for group in fusion_groups(graph, target):
+        if len(group) < 2 or group[0].op_type != "Conv" or placement.get(group[0].name) != "BPU":
+            continue
+        act = group[1]
+        if act.op_type in CONV_ACTIVATIONS and placement.get(act.name) == "CPU" and candidate.setting(act.name).on == "CPU":
+            placement[act.name] = "BPU"
+            notes.append(f"{act.name} ({act.op_type}): 'ON': 'CPU' has no effect on an activation fused into its Conv "
+                         f"{group[0].name}, which runs on the BPU (hb_mapper fuses them all the same)")
+    return notes
+
+
+def _where_cast_on_bpu(graph: Graph, placement: dict[str, str]) -> list[str]:
+    """The Cast a split Where starts with (``<name>_cast``, tuner.graph.optimize) is not in hb's graph when
+    the comparison it reads runs on the BPU: the comparison (``HzQuantizedComparison``) feeds the Where's
+    ``_mul_x`` and ``_equal`` itself, so ``_mul_x`` joins the comparison's BPU subgraph (the latency benchmark's
+    Pareto trials on the example, ``/Greater`` with ``ON: BPU``: no ``/Where_cast`` row, ``/Where_mul_x`` in
+    id(0) with the trunk, ``/Where_mul_y`` after the CPU ``/Where_equal`` in id(1)). tuner keeps the Cast (it
+    changes no value: 0/1 read with scale 1) and runs it on the BPU beside the comparison."""
+    notes = []
+    for rw in graph.names.rewrites.values():
+        if rw.op_type != "Where" or not rw.nodes or rw.nodes[0] not in graph.by_name:
+            continue
+        cast = graph.by_name[rw.nodes[0]]
+        p = graph.producer.get(cast.inputs[0]) if cast.op_type == "Cast" and cast.inputs else None
+        if p is not None and placement.get(p.name) == "BPU" and placement.get(cast.name) == "CPU":
+            placement[cast.name] = "BPU"
+            notes.append(f"{cast.name} (Cast): hb_mapper has no such node when {p.name} ({p.op_type}) runs on the "
+                         "BPU; it is simulated there, beside it")
+    return notes
+
+
 #: Ops hb_mapper moves to the CPU when every node reading their output is on the CPU and they carry no
 #: ``node_info`` entry (measured, hb_mapper 1.24.3, toy models at O0): MaxPool, AveragePool, Concat, Resize
 #: and Slice went to the CPU (also with a model output beside the CPU reader); Transpose, Reshape, Split,
@@ -341,7 +402,10 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
     a Relu/Clip fused after a CPU Conv goes with it, and an op of :data:`CPU_PULLED_OPS` whose readers are
     all on the CPU goes there too, repeatedly (the bundled example with its two decoder Convs on the CPU:
     their Relus, ``/up/Resize`` and ``/Concat_2`` are on the CPU in the real node table: 12 CPU nodes where
-    the YAML names 8)."""
+    the YAML names 8), when every input it reads is a model input, a CPU node's output or a Conv group's
+    (toys P1, P2, P3: a Concat of a Mul or Add and a Conv+Clip, read by a CPU Conv, stays on the BPU, a
+    Concat of two Conv groups goes (Z6); the latency benchmark's cpu_shallow on the example: ``/Concat_1``,
+    of ``/Mul_1`` and ``/radar/act/Clip``, stays on the BPU before the CPU ``/fuse/conv/Conv``)."""
     if not target.post_calibration:
         return []
     moved: list[tuple[str, str]] = []
@@ -353,26 +417,66 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
         head = group[0]
         if placement.get(head.name) == "CPU" and head.op_type in ("Conv", "ConvTranspose") and len(group) > 1:
             nxt = group[1]
-            if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" and free(nxt.name):
+            # an int16 entry does not keep it (the latency benchmark's pareto_t23 on the example:
+            # ``/enc3/enc3.0/act/Relu`` with InputType int16 is on the CPU with its ``ON: CPU`` Conv)
+            if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" \
+                    and candidate.setting(nxt.name).on is None:
                 placement[nxt.name] = "CPU"
                 moved.append((nxt.name, f"follows its Conv {head.name} to the CPU"))
+    tail_of = {g[-1].name: g[0] for g in fusion_groups(graph, target)}
+    # the ops that go: the largest set of free pulled BPU ops each of whose readers is on the CPU or in the set,
+    # and each of whose inputs is a model input, a CPU node's, a Conv group's (which leaves the BPU as its int32
+    # accumulator) or one of the set's
+    going = {n.name for n in graph if placement.get(n.name) == "BPU" and n.op_type in CPU_PULLED_OPS and free(n.name)}
+
+    def stays(node: Node) -> bool:
+        readers = [c for o in node.outputs if o for c, _ in graph.consumers.get(o, [])]
+        if not readers or any(placement[c.name] != "CPU" and c.name not in going for c in readers):
+            return True
+        for _, t in graph.data_inputs(node):
+            p = graph.producer.get(t)
+            if p is not None and placement[p.name] == "BPU" and p.name not in going \
+                    and tail_of.get(p.name, p).op_type not in target.int32_output_ops:
+                return True
+        return False
+
     changed = True
     while changed:
-        changed = False
-        for node in reversed(list(graph)):
-            if placement.get(node.name) != "BPU" or node.op_type not in CPU_PULLED_OPS or not free(node.name):
-                continue
-            readers = [c for o in node.outputs if o for c, _ in graph.consumers.get(o, [])]
-            if readers and all(placement[c.name] == "CPU" for c in readers):
-                placement[node.name] = "CPU"
-                moved.append((node.name, "every node reading it is on the CPU: hb_mapper runs it there too"))
-                changed = True
+        out = {name for name in going if stays(graph.by_name[name])}
+        going -= out
+        changed = bool(out)
+    for node in reversed(list(graph)):
+        if node.name in going:
+            placement[node.name] = "CPU"
+            moved.append((node.name, "every node reading it is on the CPU: hb_mapper runs it there too"))
     return [f"{name} ({graph.by_name[name].op_type}): {why}" for name, why in moved]
 
 
 #: LUT ops that are arithmetic with a constant rather than a table of a function: not covered by
 #: _Rules.reads_int16_table (an int16 Sub by a constant at a model output has not been measured).
 ARITHMETIC_LUTS = frozenset({"Add", "Sub", "Mul", "Div", "Clip", "Relu", "LeakyRelu", "Pow"})
+#: Passive ops that do not pass an int8 producer's values through into an int16 group: hb requantizes them to
+#: int16 in front (toys W4, W8: a MaxPool behind a Resize of an int16 group reads int16 through
+#: ``u0_Requantize``, its row int16; a Slice passes the int8 values on).
+REQUANTIZING_PASSIVE = frozenset({"MaxPool"})
+#: Members fused after a Conv whose InputType int16 hb takes as a request on the group's output (toys U2, U5: a
+#: Relu of Conv+Relu; V6: the Relu of Conv+Add+Relu; X5: the Clip of Conv+Add+Clip; R7: the Add of
+#: Conv+Add+Relu, which its int16 inputs unfuse as well: its Relu output int16). A Clip fused after a Conv
+#: alone is unfused by such an entry instead (:func:`_clip_entries_unfuse`).
+GROUP_OUTPUT_ACTS = frozenset({"Relu", "Clip", "Add"})
+
+
+def _clip_entries_unfuse(group: list[Node], candidate: Candidate) -> bool:
+    """A Conv+Clip group whose Clip carries an int16 ``InputType``/``OutputType`` in node_info is not fused:
+    the Conv's output gets an int16 calibration of its own and the Clip is a table with its input's
+    threshold (toys W5, X4: ``c0`` out int16 at 9.72 and 18.6, the Clip a row of its own; the example's
+    pareto_t22 and pareto_t23, ``/radar/act/Clip`` with int16 in and out: ``/radar/conv/Conv``'s output int16
+    at 33.839 and an ``HzLut2Layer`` row). set_all_nodes_int16 leaves it fused (the example's all_int16:
+    no Clip rows), and so does the same entry on the Clip of Conv+Add+Clip (X5)."""
+    if len(group) != 2 or group[0].op_type != "Conv" or group[1].op_type != "Clip":
+        return False
+    s = candidate.setting(group[1].name)
+    return s.output_type == INT16 or any(s.input_dtype(k) == INT16 for k in range(3))
 
 
 class _Rules:
@@ -380,10 +484,11 @@ class _Rules:
     ones an int16 residual input unfuses), what each BPU node may emit, and the int16 groups."""
 
     def __init__(self, graph: Graph, target: Target, candidate: Candidate, placement: dict[str, str],
-                 groups: list[list[Node]], all_int16: bool):
+                 groups: list[list[Node]], all_int16: bool, static_groups: list[list[Node]] | None = None):
         self.graph, self.target, self.candidate, self.placement = graph, target, candidate, placement
         self.all_int16 = all_int16
         self.group = {n.name: g for g in groups for n in g}
+        self.static_group = {n.name: g for g in (groups if static_groups is None else static_groups) for n in g}
         self.fused = {(a.name, b.name) for g in groups for a, b in zip(g, g[1:])}
         self.notes: list[str] = []
         self.parent: dict[str, str] = {}
@@ -407,17 +512,19 @@ class _Rules:
         head_ok = head.op_type in self.target.lut_ops or self.target.int16_output(head.op_type, head.proto)
         return self.target.int16_output(node.op_type, node.proto) and head_ok
 
-    def wants_out16(self, node: Node) -> bool:
-        """An OutputType int16 (or set_all_nodes_int16) the node's group can honour: its tail's output.
-        A fused Conv's OutputType reaches the output of its Relu (measured: OutputType int16 on a
-        Conv+Add+Relu's Conv makes the Relu output int16)."""
+    def wants_out16(self, node: Node, explicit_only: bool = False) -> bool:
+        """An OutputType int16 (or set_all_nodes_int16; not with ``explicit_only``) the node's group can
+        honour: its tail's output. A fused Conv's OutputType reaches the output of its Relu (measured:
+        OutputType int16 on a Conv+Add+Relu's Conv makes the Relu output int16)."""
         s = self.candidate.setting(node.name)
         tail = self.tail(node)
         if s.output_type == INT16 and not (self.target.int16_output(node.op_type, node.proto) and self.emits16(tail)):
-            self.notes.append(f"The output of Node(name:{node.name}, type:{node.op_type}) does not support data type: "
-                              f"int16 (on {self.target.march}; stays int8, as hb_mapper falls back)")
+            if not explicit_only:
+                self.notes.append(f"The output of Node(name:{node.name}, type:{node.op_type}) does not support data "
+                                  f"type: int16 (on {self.target.march}; stays int8, as hb_mapper falls back)")
             return False
-        asked = s.output_type == INT16 or (self.all_int16 and self.target.int16_output(node.op_type, node.proto))
+        asked = s.output_type == INT16 or (not explicit_only and self.all_int16
+                                           and self.target.int16_output(node.op_type, node.proto))
         return asked and self.emits16(tail)
 
     def leaves_in_int32(self, name: str) -> bool:
@@ -444,14 +551,17 @@ class _Rules:
         """A BPU node whose output no BPU node reads (its readers are CPU nodes, or it is a model
         output) leaves the BPU in high precision: a Conv group in int32 (leaves_in_int32), any other op
         that may emit int16 in int16 with the same threshold (hb's ``<out>_before`` int16 node at a model
-        output). A Sigmoid's or HardSigmoid's table output read only by CPU nodes stays int8 (A2_cpu_addy;
-        PP-OCR's p2o.HardSigmoid.0 before a CPU Mul: int8 at 1.0); at a model output it is int16
-        (``<out>_before`` int16, threshold 0.999985: a toy Conv -> Sigmoid -> output and PP-OCR's
+        output). A function table's output (Sigmoid, HardSigmoid, Tanh, HardSwish, ...) read by CPU nodes
+        whose results come back to the BPU stays int8 (A2_cpu_addy; PP-OCR's p2o.HardSigmoid.0 before a
+        CPU Mul: int8 at 1.0, its HardSwish ``p2o.Mul.2`` before the CPU ``p2o.Conv.2`` of the latency
+        benchmark's cpu_shallow; toys Z8-Z10: Sigmoid, HardSwish, Tanh -> CPU Conv -> BPU Conv, int8);
+        read by CPU nodes that lead only to model outputs, or a model output itself, it is int16 (toys
+        Z1-Z5: HardSwish, Abs, Tanh, Sigmoid, Exp -> CPU Conv -> output, int16 and its input too;
+        ``<out>_before`` int16, threshold 0.999985: a toy Conv -> Sigmoid -> output and PP-OCR's
         detector). Measured on the real toolchain (notes on hmct's placement rules, 1b: A_cpu_conv4,
         A2_cpu_mulout; the example's ``depth_before`` and ``/Sub_1_output_0`` are int16 in every
         configuration)."""
-        table_to_cpu = node.op_type in ("Sigmoid", "HardSigmoid") and not any(o in self.outputs for o in node.outputs)
-        if not self.target.post_calibration or table_to_cpu or not node.outputs \
+        if not self.target.post_calibration or not node.outputs \
                 or self.leaves_in_int32(node.name) or not self.emits16(node):
             return False
         if not self.target.int16_output(node.op_type, node.proto):
@@ -460,7 +570,21 @@ class _Rules:
             readers = self.graph.consumers.get(o, [])
             if any(self.placement[c.name] == "BPU" for c, _ in readers) or not (readers or o in self.outputs):
                 return False
-        return True
+        table = node.op_type in self.target.lut_ops and node.op_type not in ARITHMETIC_LUTS
+        return not (table and self.back_to_bpu(node))
+
+    def back_to_bpu(self, node: Node) -> bool:
+        """Whether a path from ``node``'s outputs through CPU nodes reaches a BPU node."""
+        seen: set[str] = set()
+        todo = [o for o in node.outputs if o]
+        while todo:
+            for c, _ in self.graph.consumers.get(todo.pop(), []):
+                if self.placement[c.name] == "BPU":
+                    return True
+                if c.name not in seen:
+                    seen.add(c.name)
+                    todo.extend(o for o in c.outputs if o)
+        return False
 
     # -- the int16 groups --------------------------------------------------------------------
     def find(self, t: str) -> str:
@@ -470,16 +594,32 @@ class _Rules:
             t = self.parent[t]
         return t
 
+    def standalone_clip(self, node: Node) -> bool:
+        """A Clip on the BPU that is not fused into its producer: hb runs it with its input's threshold and
+        dtype, a pass-through op of the threshold groups (toys W5, X4, X6, Y3, Y4: the Clip(0, 6) output
+        takes its input's 9.72, 18.6, 19.3, 12.2, also in int8; the example's ``/radar/act/Clip`` under an
+        int16 entry: 33.839 on both sides, not 6)."""
+        if node.op_type != "Clip" or self.placement[node.name] != "BPU":
+            return False
+        data = self.graph.data_inputs(node)
+        p = self.graph.producer.get(data[0][1]) if data else None
+        return not (p is not None and (p.name, node.name) in self.fused)
+
+    def joins(self, node: Node) -> bool:
+        """Whether ``node`` joins its first input and its outputs into one threshold group."""
+        return node.op_type in self.target.passive_ops or node.op_type in THROUGH_SAME_SCALE \
+            or self.standalone_clip(node)
+
     def spread(self) -> set[str]:
-        """The roots of the int16 groups: hb's threshold groups (a pass-through op joins its input and
-        outputs, a Concat every input and its output) with an int16 request on any member. Measured on
-        hb_mapper 1.24.3 (notes on hmct's placement rules, 3a; the example's int16_2convs: int16 on
-        ``/stem/conv/Conv``'s input makes the model input, its three Slices, the Concat they feed and the
-        lowered ``/Mul`` int16, and on ``/fuse/conv/Conv``'s output the Resize input two Concats away).
-        A request is an InputType (or set_all_nodes_int16) an input may take, an OutputType the producer
-        may honour, or hb's high-precision output of a tensor no BPU node reads."""
+        """The roots of the int16 groups: hb's threshold groups (a pass-through op, a same-scale Resize and
+        a standalone Clip join their input and outputs, a Concat every input and its output) with an int16
+        request on any member. Measured on hb_mapper 1.24.3 (notes on hmct's placement rules, 3a; the
+        example's int16_2convs: int16 on ``/stem/conv/Conv``'s input makes the model input, its three Slices,
+        the Concat they feed and the lowered ``/Mul`` int16, and on ``/fuse/conv/Conv``'s output the Resize
+        input two Concats away). A request is an InputType (or set_all_nodes_int16) an input may take, an
+        OutputType as :meth:`request_output` places it, hb's high-precision output of a tensor no BPU node
+        reads, and the input of a function table whose output is int16 (:meth:`table_reads_int16`)."""
         g, target = self.graph, self.target
-        through = set(target.passive_ops) | THROUGH_SAME_SCALE
         self.parent = {}
 
         def bpu(name: str) -> bool:
@@ -487,7 +627,7 @@ class _Rules:
 
         for node in g:
             data = g.data_inputs(node)
-            if node.op_type in through and data and node.outputs:
+            if self.joins(node) and data and node.outputs:
                 t = data[0][1]
                 p = g.producer.get(t)
                 if p is not None and (p.name, node.name) in self.fused:
@@ -503,6 +643,12 @@ class _Rules:
             if not bpu(node.name):
                 continue
             s = self.candidate.setting(node.name)
+            # an InputType on a member after the head of a fusion group (as the graph has it, before int16
+            # unfuses any) is a request on the group's output (toys U2, U5, V6, X5; R7, whose Add InputType
+            # also unfuses the group; the example's pareto_t14 ``/enc3/enc3.0/act/Relu``)
+            static = self.static_group.get(node.name)
+            group_output = static is not None and static[0] is not node and node.op_type in GROUP_OUTPUT_ACTS \
+                and any(s.input_dtype(k) == INT16 for k, _ in g.data_inputs(node))
             for k, t in g.data_inputs(node):
                 p = g.producer.get(t)
                 if p is not None and (p.name, node.name) in self.fused:
@@ -510,11 +656,72 @@ class _Rules:
                 asked = s.input_dtype(k) == INT16 or (self.all_int16 and target.int16_input(node.op_type, k))
                 if asked and target.int16_input(node.op_type, k):
                     seeds.add(t)
-            if self.wants_out16(node) or (self.at_end(node) and self.high_precision(node)):
+            if group_output and static is not None and self.emits16(self.tail(static[-1])):
+                seeds.update(self.request_output(static[-1]))
+            if self.wants_out16(node, explicit_only=True):
+                seeds.update(self.request_output(node))
+            elif self.wants_out16(node):     # set_all_nodes_int16 (a refused OutputType leaves its note)
                 seeds.update(o for o in self.tail(node).outputs if o)
-                if self.reads_int16_table(node):
-                    seeds.add(g.data_inputs(node)[0][1])
-        return {self.find(t) for t in seeds}
+            if self.at_end(node) and self.high_precision(node):
+                seeds.update(o for o in node.outputs if o)
+        # a function table whose output is int16 reads its input in int16 (its int16 table), whichever request
+        # made the output int16: until nothing changes (a table behind a table)
+        tables = [n for n in g if bpu(n.name) and self.table_reads_int16(n)]
+        while True:
+            roots = {self.find(t) for t in seeds}
+            more = {g.data_inputs(n)[0][1] for n in tables if any(self.find(o) in roots for o in n.outputs if o)}
+            if more <= seeds:
+                return roots
+            seeds |= more
+
+    def request_output(self, node: Node) -> set[str]:
+        """The tensors an OutputType int16 on ``node`` makes int16. hb hands the request to the readers of what
+        the node's fusion group writes (its tail: a fused Conv's OutputType reaches its Relu's output; an
+        InputType on that Relu means the same), as an InputType on each: a reader that may read int16 takes
+        it, one that may not (Resize, ConvTranspose, GlobalAveragePool) warns ``The input0 of Node(name:…,
+        type:Resize) does not support data type: int16`` and takes nothing, so the request stops there
+        (toys U1, U3, W1-W3, W6, W7: nothing becomes int16; the example's int16_top5 ``/dec3/act/Relu`` and
+        pareto_t14 ``/dec2/conv/Conv``, whose groups only a Resize reads, stay int8). A model output takes
+        it itself. A pass-through op (MaxPool, Slice, a standalone Clip) joins its input's group, which the
+        request then reaches through it (toys Y2, Y3, X4: the MaxPool's or Clip's input int16 although only
+        a Resize reads the output)."""
+        g = self.graph
+        tail = self.tail(node)
+        out: set[str] = set()
+        data = g.data_inputs(tail)
+        if self.joins(tail) and data:
+            out.add(data[0][1])
+        for o in tail.outputs:
+            if not o:
+                continue
+            if o in self.outputs:
+                out.add(o)
+            for c, k in g.consumers.get(o, []):
+                if self.placement[c.name] != "BPU":
+                    continue
+                if self.target.int16_input(c.op_type, k):
+                    out.add(o)
+                else:
+                    self.notes.append(f"The input{k} of Node(name:{c.name}, type:{c.op_type}) does not support data "
+                                      f"type: int16 (the OutputType int16 of {node.name} on {self.target.march}; "
+                                      "it stays int8, as hb_mapper falls back)")
+        return out
+
+    def table_reads_int16(self, node: Node) -> bool:
+        """A table that reads its input in int16 when its output is int16: a function table
+        (:meth:`reads_int16_table`; the example's pareto_t14: ``/Sigmoid_2``, whose output an int16 ``/Mul_3``
+        reads, reads int16, and so does ``/Sigmoid_1`` beside it through the shared Resize output) and a
+        Relu or LeakyRelu not fused into its producer (toy X8: a LeakyRelu with OutputType int16 reads
+        int16; pareto_t14's ``/enc3/enc3.1/relu/Relu``)."""
+        if not self.emits16(node) or not self.at_end(node):
+            return False
+        if self.reads_int16_table(node):
+            return True
+        data = self.graph.data_inputs(node)
+        if node.op_type not in ("Relu", "LeakyRelu") or len(data) != 1 or not self.target.int16_input(node.op_type, 0):
+            return False
+        p = self.graph.producer.get(data[0][1])
+        return not (p is not None and (p.name, node.name) in self.fused)
 
     def reads_int16_table(self, node: Node) -> bool:
         """A function table (Sigmoid, Abs, ...) whose output is int16 reads its input in int16 too (its
@@ -525,11 +732,19 @@ class _Rules:
             and len(self.graph.data_inputs(node)) == 1 and self.target.int16_input(node.op_type, 0)
 
     def unfuses(self, group: list[Node], wide: set[str]) -> bool:
-        """An int16 input of a fused residual Add unfuses Conv+Add(+Relu): the Conv's output gets its own
-        calibration, the Add is an element-wise op, the Relu a LUT (measured with a toy Conv+Add+Relu on
-        hb_mapper 1.24.3: InputType int16 on the Conv, whose input is the residual, or on the Add, or
-        OutputType int16 on the residual's producer; not OutputType on the Add or the Relu. The example
-        under set_all_nodes_int16: ``/enc2/enc2.1/Add`` ``HzSElementwiseAdd``, its Relu ``HzLut2Layer``)."""
+        """An int16 input of a fused residual Add, or of the Conv heading it, unfuses Conv+Add(+Relu): the
+        Conv's output gets its own calibration, the Add is an element-wise op, the Relu a LUT. Measured with
+        toy Conv+Add(+Relu/Clip) groups on hb_mapper 1.24.3: InputType int16 on the Add (R7), the residual
+        int16 (R1, R2, V1: InputType on the Relu fused before it), the Conv's own input int16 with an int8
+        residual (V3, V5, X3, X6: the Conv's output int8 at 28.0, the Add a row of its own); not OutputType
+        on the Conv, the Add or the Relu (R3, R4, R6, V4). The example under set_all_nodes_int16:
+        ``/enc2/enc2.1/Add`` ``HzSElementwiseAdd``, its Relu ``HzLut2Layer``; pareto_t14's
+        ``/enc3/enc3.1/conv2/Conv`` (int16 in and out)."""
+        head = group[0]
+        if head.op_type == "Conv" and any(n.op_type == "Add" for n in group[1:]):
+            data = self.graph.data_inputs(head)
+            if data and self.find(data[0][1]) in wide and self.target.int16_input(head.op_type, 0):
+                return True
         for i, n in enumerate(group):
             if n.op_type != "Add" or i == 0:
                 continue

@@ -11,11 +11,20 @@ toolchain (hb_mapper 1.24.3, hmct 1.1.0) on controlled models, from the calibrat
   MaxPool, Resize, ...; hmct's ``can_be_skipped`` list in ``hmct/common/misc/find_calibration_node.py``,
   plus Resize, observed) joins its input and its outputs into one group. A splitting op (Slice,
   Split, Gather) on the CPU joins too while the tensor it reads has a BPU reader.
+* **A standalone Clip** (on the BPU, not fused into a Conv before it) joins its input's group too: hb runs
+  it as a table whose output keeps the input's threshold (toys X4, X6, Y3, Y4, W5: a Clip(0, 6) after an
+  Add or an unfused Conv prints its input's 12.2, 19.3, 18.6, 9.72 on both sides, int8 and int16 alike;
+  the example's pareto_t22, whose int16 entry on ``/radar/act/Clip`` unfuses it: 33.839, not 6).
 * **Concat.** A Concat input that only the Concat reads joins the Concat's output (its producer
   quantizes straight at the Concat's scale); an input another op reads keeps its own threshold and
   is requantized to the Concat's (``HzRequantize``), which the consumer's rounding of the Concat output
   models; so is one whose group reaches the input of a Relu that is not fused into its producer (a
-  table on the BPU, whose input keeps its own calibration; the example under set_all_nodes_int16).
+  table on the BPU, whose input keeps its own calibration; the example under set_all_nodes_int16). A
+  Concat with a node_info entry of its own joins none of its inputs: each keeps its threshold and is
+  requantized to the Concat's (the example's latency configurations: with int16 in and out on ``/Concat_4``
+  its Resize input keeps 4.647 against the Concat's 11.484, with int16 on ``/stem/conv/Conv`` and
+  ``/fuse/conv/Conv`` instead it takes 11.484; ``/Concat_1`` with an entry: ``/Mul_1`` 5.570, the Concat
+  6.0; without: both 6.0).
 * **The group's threshold.** The group's root (the tensor no member produces) when it has a
   calibration node of its own: a compute op on the BPU reads it directly, or one of its pass-through
   readers carries a ``node_info`` entry other than ``ON: CPU`` (an ``InputType``, ``OutputType`` or
@@ -36,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from tuner.candidate import Candidate
-from tuner.graph import Graph, Target
+from tuner.graph import Graph, Node, Target
 
 #: Readers that split a tensor into parts sharing its grid; they join a group on the CPU too.
 SPLIT_OPS = frozenset({"Slice", "Split", "Gather"})
@@ -95,15 +104,23 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
         if p is not None and placement[n.name] == "BPU" and (p.name, n.name) not in fused_pairs:
             tables.add(n.name)
 
+    def standalone_clip(node: Node) -> bool:
+        p = graph.producer.get(node.inputs[0]) if node.inputs else None
+        return node.op_type == "Clip" and placement[node.name] == "BPU" and not (
+            p is not None and (p.name, node.name) in fused_pairs)
+
+    # a standalone Clip is such a table too: its input is calibrated, and the group takes that threshold
+    tables |= {n.name for n in graph if standalone_clip(n)}
+
     for node in graph:
         data = graph.data_inputs(node)
-        if node.op_type in through and data and node.outputs:
+        if (node.op_type in through or standalone_clip(node)) and data and node.outputs:
             t = data[0][1]
             if placement[node.name] == "BPU" or (node.op_type in SPLIT_OPS and has_bpu_reader(t)):
                 for o in node.outputs:
                     groups.union(t, o)
                 joined.add((node.name, t))
-        elif node.op_type == "Concat" and placement[node.name] == "BPU" and node.outputs:
+        elif node.op_type == "Concat" and placement[node.name] == "BPU" and node.outputs and node.name not in entries:
             for _, t in data:
                 if len(graph.consumers.get(t, [])) == 1 and not own_root(t):
                     groups.union(node.outputs[0], t)
@@ -125,10 +142,17 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
                     return True
             return False
 
+        def entry_reader(t: str) -> bool:
+            """A pass-through reader of ``t`` with a node_info entry; not an activation fused into the Conv
+            that writes ``t`` (no calibration node there: toys V1, V3, U7, U9, an int16 entry on such a Relu
+            leaves the Relu output's threshold as it was, 9.594 and 16.2 in V1 and V3 as in V0)."""
+            p = graph.producer.get(t)
+            return any(c.name in entries for c, _ in graph.consumers.get(t, [])
+                       if (c.name, t) in joined and not (p is not None and (p.name, c.name) in fused_pairs))
+
         source = None
         for root in roots:
-            if calibrated(root) or any(c.name in entries for c, _ in graph.consumers.get(root, [])
-                                       if (c.name, root) in joined):
+            if calibrated(root) or entry_reader(root):
                 source = root
                 break
         if source is None:
@@ -147,7 +171,11 @@ def threshold_sources(graph: Graph, target: Target, candidate: Candidate, placem
     """``scale_of`` (a plan's same-scale links) with hb's threshold sharing, every entry resolved to
     the tensor at the end of its chain. The groups win over the same-scale links they cover."""
     links = dict(scale_of)
-    links.update(shared_groups(graph, target, candidate, placement, fused))
+    shared = shared_groups(graph, target, candidate, placement, fused)
+    links.update(shared)
+    for source in set(shared.values()):     # a group's source is its own threshold, even behind a Resize
+        if shared.get(links.get(source, "")) == source:
+            del links[source]
 
     def resolve(t: str) -> str:
         seen = {t}
