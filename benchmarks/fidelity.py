@@ -1,8 +1,8 @@
 """tuner's simulation against the real hb_mapper toolchain (issue 22's fidelity suite).
 
-    python benchmarks/fidelity.py [--models segdepth,ppocr_det] [--out results/benchmarks/fidelity.md]
+    python benchmarks/fidelity.py [--models segdepth,ppocr_det,ppocr_cls] [--out results/benchmarks/fidelity.md]
 
-Needs the real toolchain (``tuner toolchain install``) and, for the detector, rapidocr-onnxruntime
+Needs the real toolchain (``tuner toolchain install``) and, for the PP-OCR models, rapidocr-onnxruntime
 (see the README's test command). For every configuration of ``tests/fidelity_suite.py`` it converts
 the YAML with the real tool (at O0, cached by content: a second run converts only what changed),
 runs the tool's quantized model (what the board runs) and calibrated model on the evaluation data,
@@ -39,7 +39,7 @@ def _machine() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="segdepth,ppocr_det")
+    ap.add_argument("--models", default="segdepth,ppocr_det,ppocr_cls")
     ap.add_argument("--out", default=str(REPO / "results" / "benchmarks" / "fidelity.md"))
     args = ap.parse_args()
 

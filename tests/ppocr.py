@@ -9,12 +9,19 @@ loads images with OpenCV), bilinear resize to multiples of 32, ``(x / 255 - 0.5)
 Unlike rapidocr we resize every photo to one fixed size (calibration and ``input_shape`` need one
 shape) and use scikit-image's resize instead of OpenCV's (rapidocr needs cv2, which we don't install).
 
-Used by ``tests/simulate/test_ppocr.py`` and ``benchmarks/trial_cost.py``.
+PP-OCR mobile v2.0's text-direction classifier ships in the same package
+(``models/ch_ppocr_mobile_v2.0_cls_infer.onnx``: opset 11, input ``x`` [N,3,48,192], two-class Softmax
+``save_infer_model/scale_0.tmp_1``, 0 or 180 degrees): :func:`write_cls_project`, on strips of scikit-image's
+printed page and handwritten board (:func:`cls_samples`).
+
+Used by ``tests/simulate/test_ppocr.py``, ``tests/fidelity_suite.py``, ``benchmarks/trial_cost.py`` and
+``benchmarks/quality_models.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import shutil
 from pathlib import Path
 
@@ -171,3 +178,91 @@ def write_ppocr_project(root: Path, photos: tuple[str, ...] = PHOTOS, height: in
     cfg = root / "hb_config.yaml"
     cfg.write_text(hb_yaml(DET_MODEL, "x", f"1x3x{height}x{width}", calibration_type, prefix="ppocr_det"))
     return cfg
+
+
+def relabel_opset11(path: Path) -> None:
+    """Relabel an opset-12 PP-OCR export as opset 11 in place: hmct 1.1.0 refuses opset 12 ("The opset
+    version of the model is 12, the maximum supported version is 11": ``check_opset_version`` in
+    hmct/converter/preparer/prepare.py), and the detector's ops (Conv, BatchNormalization, HardSigmoid,
+    Clip, Resize, ConvTranspose, Constant with ``value``, ...) mean the same in opset 11, so this is what a
+    user re-exporting it gets."""
+    model = onnx.load(str(path))
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = 11
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+# --------------------------------------------------------------------------- the text-direction classifier
+CLS_MODEL = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"
+CLS_SHAPE = (3, 48, 192)
+#: Text lines of skimage.data.page() (rows), found from its ink profile; each is cut into strips.
+PAGE_LINES = ((11, 35), (48, 66), (66, 84), (84, 102), (102, 120), (120, 137), (172, 191))
+#: (x0, width) of the strips cut from each line.
+PAGE_STRIPS = ((0, 384), (0, 192), (192, 192), (0, 128), (128, 128), (256, 128), (60, 240), (100, 200))
+#: Lines of skimage.data.text() (rows, columns) for calibration strips.
+TEXT_STRIPS = ((0, 40, 0, 448), (20, 60, 80, 320), (50, 90, 0, 260), (70, 110, 100, 400), (100, 140, 0, 300),
+               (120, 172, 40, 360), (10, 50, 140, 448), (90, 130, 200, 448))
+
+
+def cls_model_path() -> Path | None:
+    """The classifier beside the detector in the installed rapidocr_onnxruntime, or None."""
+    det = det_model_path()
+    path = det.parent / CLS_MODEL if det is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def cls_preprocess(gray: np.ndarray) -> np.ndarray:
+    """PaddleOCR's ClsPreProcess of a grayscale strip: resize to height 48 keeping the aspect ratio, width
+    <= 192, ``(x / 255 - 0.5) / 0.5``, zero padding on the right (grayscale replicated to 3 channels, so
+    BGR = RGB): 1x3x48x192 float32."""
+    from skimage.transform import resize
+
+    c, h, w = CLS_SHAPE
+    rw = min(w, math.ceil(h * gray.shape[1] / gray.shape[0]))
+    rgb = np.repeat(gray[:, :, None], 3, axis=2).astype(np.float32)
+    img = resize(rgb, (h, rw), order=1, preserve_range=True, anti_aliasing=False)
+    out = np.zeros(CLS_SHAPE, np.float32)
+    out[:, :, :rw] = (img.transpose(2, 0, 1) / 255.0 - 0.5) / 0.5
+    return out[None]
+
+
+def cls_samples() -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
+    """(evaluation inputs, their labels, calibration inputs): strips of the text lines of
+    ``skimage.data.page()`` (label 0) each followed by the same strip turned by 180 degrees (label 1);
+    strips of ``skimage.data.text()`` (handwriting on a board) and their turned copies for calibration."""
+    import skimage.data
+
+    page, text = np.asarray(skimage.data.page()), np.asarray(skimage.data.text())
+    evals, labels = [], []
+    for top, bottom in PAGE_LINES:
+        for x0, width in PAGE_STRIPS:
+            strip = page[top:bottom, x0:x0 + width]
+            evals += [cls_preprocess(strip), cls_preprocess(strip[::-1, ::-1])]
+            labels += [0, 1]
+    cal = []
+    for top, bottom, left, right in TEXT_STRIPS:
+        strip = text[top:bottom, left:right]
+        cal += [cls_preprocess(strip), cls_preprocess(strip[::-1, ::-1])]
+    return evals, labels, cal
+
+
+def write_cls_project(root: Path, eval_every: int = 1, calibration_type: str = "max") -> tuple[Path, list[int]]:
+    """Copy the classifier into ``root``, write cal/ (16 strips), eval/ (every ``eval_every``-th of the 112
+    labelled strips) and hb_config.yaml; return (the YAML path, the labels of eval/'s samples)."""
+    src = cls_model_path()
+    if src is None:
+        raise FileNotFoundError("rapidocr-onnxruntime is not installed: pip install --no-deps rapidocr-onnxruntime==1.4.4")
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, root / CLS_MODEL)
+    evals, labels, cal = cls_samples()
+    evals, labels = evals[::eval_every], labels[::eval_every]
+    for folder, arrays in (("cal", cal), ("eval", evals)):
+        (root / folder).mkdir(exist_ok=True)
+        for i, a in enumerate(arrays):
+            a.tofile(root / folder / f"{i:04d}.bin")
+    cfg = root / "hb_config.yaml"
+    cfg.write_text(hb_yaml(CLS_MODEL, "x", "1x{}x{}x{}".format(*CLS_SHAPE), calibration_type, prefix="ppocr_cls"))
+    return cfg, labels

@@ -41,6 +41,16 @@ def _gap(model: str, cases: tuple[str, ...], checks: tuple[str, ...], reason: st
 
 
 _gap("ppocr_det", ("kl",), ("thresholds",), KL_TIE)
+_gap("ppocr_cls", ("int16_se",), ("dtypes",),
+     "int16 asked on an SE block's Mul whose other input (HardSwish Mul@21's output) a GlobalAveragePool reads: "
+     "that tensor stays int8, but hb still makes the HardSwish table read its input in int16 (Mul@21 HzLut2Layer "
+     "int16 in, int8 out; Conv@43 outputs int16); tuner's int16 spread stops at the pinned tensor (int8/int8)")
+GAPS[("ppocr_cls", "*", "order")] = (
+    "six of the classifier's seven configurations lie within 0.006 of one another on the real quantized model "
+    "(0.9626-0.9683; kl 0.9362) and hb's integer kernels move each by up to 0.004: tuner differs by up to 0.0037 "
+    "(all_int16 0.9619 against 0.9656), and so does hb's own float model of them, its calibrated model with the "
+    "tables' 1/6 slope (percentile 0.9645 against 0.9683, all_int16 0.9696 against 0.9656); the order check's "
+    "tie (0.001) is below that")
 
 CHECKS = ("outputs", "thresholds", "dtypes", "placement", "method", "node_cosine")
 
@@ -65,10 +75,10 @@ def suite(hb_toolchain, tmp_path_factory):
 
     def get(model: str) -> dict[str, F.CaseResult]:
         if model not in _RESULTS:
-            if model == "ppocr_det":
-                from ppocr import det_model_path
+            if model in ("ppocr_det", "ppocr_cls"):
+                from ppocr import cls_model_path, det_model_path
 
-                if det_model_path() is None:
+                if (det_model_path() if model == "ppocr_det" else cls_model_path()) is None:
                     pytest.skip("rapidocr-onnxruntime is not installed (see the README's test command)")
             done = run_suite(hb_toolchain, model, tmp_path_factory.mktemp("fidelity"))
             _RESULTS[model] = {r.case: r for r, _ in done}

@@ -25,6 +25,8 @@ def _match(graph: Graph, head: Node, steps: tuple[FusionStep, ...]) -> list[Node
             chain.append(nxt)
         elif not step.optional:
             return []
+    if head.op_type == "MatMul" and graph.rank(head.inputs[0]) == 2:
+        chain = chain[:1]
     return chain if len(chain) > 1 else []
 
 
@@ -57,6 +59,11 @@ def _fusion_groups(graph: Graph, target: Target) -> list[list[Node]]:
     # Abs -> Sigmoid, Sigmoid -> Sigmoid and Tanh -> Exp each quantize the tensor between the two tables,
     # e.g. 5.499 between two Sigmoids and 1.0 between Tanh and Exp; and PP-OCRv4's ConvTranspose -> Add of
     # a constant -> Sigmoid runs the Add as HzSElementwiseAdd with an int16 output, then the Sigmoid).
+    # A MatMul whose input is 2-D ([N, C] x [C, K], a classifier's head) keeps its bias Add apart: its own output
+    # is quantized (int8, its own threshold) and the Add is an HzSElementwiseAdd (toy GlobalAveragePool ->
+    # Reshape -> MatMul -> Add: int8 at 0.6488, then an int16 Add; PP-OCR's classifier: MatMul@0 int8 at 1.6444,
+    # Add@43 int16 at 1.6379, both clipping its logits); on a 3-D input hb folds the Add into the lowered
+    # Conv's bias (toy Reshape -> Transpose -> MatMul -> Add: one HzSQuantizedConv with the bias, int32 out).
     groups.sort(key=lambda g: g[0].index)
     return groups
 

@@ -12,7 +12,8 @@ and reports its nodes under the names hb_mapper's log prints:
 * **constants folded**: a node whose inputs are all constants (``Constant``, a ``Shape`` of a tensor
   whose shape is static, arithmetic on them) becomes an initializer, so shape computations do not
   appear as CPU nodes that split BPU subgraphs.
-* **fused activations**: ``x * sigmoid(x)`` (SiLU/Swish), ``x * hardsigmoid(x)`` and
+* **fused activations**: ``x * sigmoid(x)`` (SiLU/Swish), ``x * hardsigmoid(x)`` (alpha 1/6, beta 1/2
+  only: :data:`HB_HARD_SIGMOID`) and
   ``x * clip(x + 3, 0, 6) / 6`` (HardSwish), ``x * tanh(softplus(x))`` (Mish) and the erf / tanh
   forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
   output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
@@ -59,6 +60,23 @@ from onnx.reference import ReferenceEvaluator
 from tuner.graph.names import NameMap, Rewrite
 
 HZ_DOMAIN = "tuner.hz"
+#: (alpha, beta) of the HardSigmoid hb's BPU table computes, whatever the node's own attributes: the
+#: int8 ``HzLut`` and int16 ``HzLut2Layer`` tables of HardSigmoid nodes with alpha/beta 0.2/0.5, 0.5/0.3
+#: and 0.1/0.4 all equal min(1, max(0, x/6 + 1/2)) within one output step (toy Conv -> HardSigmoid ->
+#: Conv converted at O0: the tables read from the quantized models, the int16 one run with hmct's
+#: executor), and hb's derived output threshold is that function of the input threshold (2.2898 ->
+#: 0.8816 with alpha 0.2). Only such a HardSigmoid makes ``x * hardsigmoid(x)`` a HardSwish: with alpha
+#: 0.2 hb keeps the HardSigmoid and the Mul (toy x * HardSigmoid(x; 0.2, 0.5): two nodes in its
+#: optimized model; 1/6: one ``HzHardSwish``).
+HB_HARD_SIGMOID = (1.0 / 6.0, 0.5)
+
+
+def is_hb_hard_sigmoid(node: onnx.NodeProto) -> bool:
+    """Whether a HardSigmoid node computes the function hb's table computes (alpha 1/6, beta 1/2;
+    exporters write 1/6 rounded, 0.1666667, so within 1e-5)."""
+    attrs = {a.name: a.f for a in node.attribute}
+    return (abs(attrs.get("alpha", 0.2) - HB_HARD_SIGMOID[0]) < 1e-5
+            and abs(attrs.get("beta", 0.5) - HB_HARD_SIGMOID[1]) < 1e-5)
 #: Kinds of fused node this module writes (their op_type in :class:`tuner.graph.Graph`).
 HZ_KINDS = ("HzSwish", "HzHardSwish", "HzMish", "HzGelu", "HzChannelScale")
 
@@ -416,6 +434,8 @@ def _region(end: onnx.NodeProto, producer: dict[str, onnx.NodeProto], users: dic
         # x * f(x): some Mul multiplies two values computed from the source (sigmoid(x) * 80 is no SiLU)
         ok = ok and any(n.op_type == "Mul" and all(t and t not in consts for t in n.input) for n in region)
         kind = _kind(Counter(n.op_type for n in region)) if ok else None
+        if kind == "HzHardSwish" and not all(is_hb_hard_sigmoid(n) for n in region if n.op_type == "HardSigmoid"):
+            kind = None     # x * hardsigmoid(x) with another slope is no HardSwish for hb (HB_HARD_SIGMOID)
         if kind is not None and (best is None or len(region) > len(best[0])):
             best = (region, src, kind)
     return best

@@ -21,7 +21,8 @@ own (Conv -> Slice0 -> Conv, Slice1 -> Sigmoid: 6.43 on the Conv output and Slic
 
 **Derived outputs.** The output of a Sigmoid, HardSigmoid, Tanh or Softplus on the BPU takes the op
 applied to its input's threshold (sigmoid(5.49897) = 0.995926; where the input is shared and
-calibrated: sigmoid(8.35089) = 0.999764, hard_sigmoid(2.01287) = 0.835479; under kl, tanh and
+calibrated: sigmoid(8.35089) = 0.999764, hard_sigmoid(2.01287) = 0.835479, hb's HardSigmoid whatever the
+node's alpha and beta: 2.2898 -> 0.8816 with alpha 0.2, tuner.graph.optimize.HB_HARD_SIGMOID; under kl, tanh and
 softplus of the input's kl threshold, not the output's own). Exp, SiLU and HardSwish outputs are
 calibrated as usual. A Sigmoid output that is itself a fixed input (Sigmoid -> Sigmoid) stays fixed.
 
@@ -43,7 +44,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from tuner.graph import Graph, Node, Target
-from tuner.simulate.scales import FIXED_INPUT, Derived, Fixed
+from tuner.graph.softmax import softmax_tensors
+from tuner.simulate.scales import FIXED_INPUT, SOFTMAX_EXP, Derived, Fixed
 from tuner.simulate.sharing import SPLIT_OPS
 
 INT8 = "int8"
@@ -53,10 +55,6 @@ DERIVED_OPS = frozenset({"Sigmoid", "HardSigmoid", "Tanh", "Softplus"})
 UINT8_READERS = frozenset({"Conv", "HzChannelScale", "AveragePool"})
 
 Point = tuple[str, str]      # (tensor, dtype) of a quantization point
-
-
-def _hard_sigmoid_params(node: Node) -> tuple[float, float]:
-    return float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
 
 
 def fixed_thresholds(graph: Graph, target: Target, placement: Mapping[str, str],
@@ -128,8 +126,7 @@ def fixed_thresholds(graph: Graph, target: Target, placement: Mapping[str, str],
         out = node.outputs[0]
         if out in fixed:
             continue
-        alpha, beta = _hard_sigmoid_params(node) if node.op_type == "HardSigmoid" else (0.2, 0.5)
-        derived[out] = Derived(node.op_type, scale_of.get(src, src), dtype, alpha, beta)
+        derived[out] = Derived(node.op_type, scale_of.get(src, src), dtype)
         keep_own(out, derived[out])
 
     for t in set(quantized):
@@ -208,3 +205,9 @@ def unsigned_tensors(graph: Graph, target: Target, placement: Mapping[str, str],
     for t in {t for t, _ in list(edges.values()) + list(passthrough.values())} | eligible:
         members.setdefault(scale_of.get(t, t), set()).add(t)
     return frozenset(s for s, m in members.items() if m <= eligible)
+
+
+def softmax_fixed(softmax: Mapping[str, str]) -> dict[str, Fixed]:
+    """The fixed input thresholds of the Exp tables of the BPU Softmaxes (``Plan.softmax``: node -> dtype):
+    its Sub part's output, :data:`tuner.simulate.scales.SOFTMAX_EXP`."""
+    return {softmax_tensors(name)[1]: Fixed(SOFTMAX_EXP, dtype) for name, dtype in softmax.items()}

@@ -9,6 +9,7 @@ check, and ``benchmarks/trial_cost.py`` times it as the naive per-trial path.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import tempfile
@@ -23,6 +24,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 from tuner.graph import Graph, Target
 from tuner.inputs.data import DataSet
 from tuner.simulate.plan import Plan
+from tuner.simulate.qdq import HB_TABLES, set_hb_table
 from tuner.simulate.scales import ScaleTable
 
 
@@ -61,6 +63,13 @@ def ort_quantize(model: onnx.ModelProto, graph: Graph, plan: Plan, scales: Scale
             if s.axis is None:
                 overrides[tensor] = [{"scale": np.array(s.scale, np.float32), "zero_point": np.array(0, np.int8)}]
     op_types = sorted({n.op_type for n in graph if plan.placement[n.name] == "BPU"})
+    tables = {n.name: HB_TABLES[n.op_type] for n in graph if plan.bpu_tables and n.op_type in HB_TABLES
+              and plan.placement[n.name] == "BPU"}
+    if tables:   # the function hb's BPU table computes, as the simulator runs it (qdq.HB_TABLES)
+        model = copy.deepcopy(model)
+        for node in model.graph.node:
+            if node.name in tables:
+                set_hb_table(node, tables[node.name])
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 13:
         # Per-channel DequantizeLinear (axis) needs opset 13; below it quantize_static writes an

@@ -37,7 +37,7 @@ from tuner.candidate import Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Node, Target, fusion_groups
 from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
-from tuner.simulate.fixed import fixed_thresholds, unsigned_tensors
+from tuner.simulate.fixed import fixed_thresholds, softmax_fixed, unsigned_tensors
 from tuner.simulate.scales import Derived, Fixed
 from tuner.simulate.sharing import SPLIT_OPS, THROUGH_SAME_SCALE, threshold_sources
 
@@ -68,16 +68,21 @@ class Plan:
     # hb's calibrated model (its log's per-node cosines) where it differs from the quantized one: inputs
     # hb sets back to int8 only at quantization (a Conv's dropped int16, a Resize's), int16 there
     calibrated: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+    # BPU table ops compute hb's own functions (a HardSigmoid's slope 1/6: tuner.simulate.qdq.HB_TABLES);
+    # False in hb's calibrated model, which runs the graph's float ops
+    bpu_tables: bool = True
 
     def as_calibrated(self) -> Plan:
         """The plan of hb's calibrated model: the late int8 fallbacks undone (``calibrated``), no int8
-        rounding of refusing producers (``emitted``). Dtypes (``in_dtype``) stay the quantized model's."""
+        rounding of refusing producers (``emitted``), the float ops instead of hb's tables
+        (``bpu_tables``). Dtypes (``in_dtype``) stay the quantized model's."""
         if not self.calibrated and not self.emitted:
-            return self
+            return dataclasses.replace(self, bpu_tables=False) if self.bpu_tables else self
         edges = dict(self.edges)
         edges.update(self.calibrated)
         passthrough = {k: v for k, v in self.passthrough.items() if k not in self.calibrated}
-        return dataclasses.replace(self, edges=edges, passthrough=passthrough, emitted={}, calibrated={})
+        return dataclasses.replace(self, edges=edges, passthrough=passthrough, emitted={}, calibrated={},
+                                   bpu_tables=False)
     # BPU Softmaxes, run as hb_mapper's six parts (tuner.graph.optimize.softmax_parts): node -> dtype
     # of the parts, and the quantization points between the parts: (part, k) -> (tensor, dtype)
     softmax: dict[str, str] = field(default_factory=dict)
@@ -162,7 +167,8 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
             else:
                 placement[node.name] = "CPU"
                 notes.append(f"{node.name} ({node.op_type}): cannot run on the BPU of {target.march}; stays on CPU")
-        elif node.op_type in target.bpu_ops or (softmax_bpu and node.op_type == "Softmax"):
+        elif node.op_type in target.bpu_ops or (node.op_type == "Softmax" and target.bpu_capable("Softmax") and (
+                softmax_bpu or (all_int16 and _softmax_over_last_axis(graph, node)))):
             placement[node.name] = "BPU"
         else:
             placement[node.name] = "CPU"
@@ -341,6 +347,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
         scale_of = threshold_sources(graph, target, candidate, placement, scale_of, fused)
         rounded = {t for t, _ in list(edges.values()) + list(cpu_reads.values())} | set(outputs)
         fixed, derived = fixed_thresholds(graph, target, placement, edges, passthrough, scale_of, rounded)
+        fixed.update(softmax_fixed(softmax))
         groups_in_effect = [g for i, g in enumerate(all_groups) if i not in unfused]
         unsigned = unsigned_tensors(graph, target, placement, groups_in_effect, edges, passthrough, scale_of)
     return Plan(placement=placement, edges=edges, outputs=outputs, cpu_reads=cpu_reads, weights=weights,
@@ -777,6 +784,16 @@ class _Rules:
             tail = self.tail(node)
             return self.int32_out(tail)
         return False
+
+
+def _softmax_over_last_axis(graph: Graph, node: Node) -> bool:
+    """A Softmax over its input's last axis, which set_all_nodes_int16 puts on the BPU (six int16 parts); over
+    another axis it stays on the CPU ("does not support data type: int16"). Measured with toy Softmaxes under
+    set_all_nodes_int16: 2-D axis 1, 3-D axis 2, 4-D axis 3 and -1 on the BPU; 3-D axis 1 and 4-D axis 1 on
+    the CPU; PP-OCR's classifier's [1, 2] Softmax on the BPU (on the CPU in int8)."""
+    rank = graph.rank(node.inputs[0]) if node.inputs else None
+    axis = int(node.attr("axis", 1))     # opset <= 11 (hb's), where the default is 1
+    return rank is not None and axis % rank == rank - 1
 
 
 def _softmax_parts(graph: Graph, placement: dict[str, str], in_dtype: dict[str, str]

@@ -39,6 +39,7 @@ from tuner.calib.methods import channel_thresholds
 from tuner.calib.stats import TensorStats
 from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration
+from tuner.graph.optimize import HB_HARD_SIGMOID
 
 QMAX = {"int8": 127, "int16": 32767, "uint8": 255}
 
@@ -155,6 +156,12 @@ FIXED_INPUT: dict[str, dict[str, float]] = {
     "Sigmoid": {"int8": 5.498970031738281, "int16": 11.090310096740723},
     "HardSigmoid": {"int8": 3.0, "int16": 3.0},
 }
+#: The input of a BPU Softmax's Exp table (its Sub part's output, x - max x): fixed like a LUT input, by the
+#: Softmax's dtype, whatever the data (toy Conv -> GlobalAveragePool -> Reshape -> Softmax with input
+#: thresholds 0.048, 0.94 and 9.36 under set_Softmax_input_int8 and int16, set_all_nodes_int16, and PP-OCR's
+#: classifier under set_all_nodes_int16: its data gives 3.25). Not an op of the graph: keyed apart.
+SOFTMAX_EXP = "SoftmaxExp"
+FIXED_INPUT[SOFTMAX_EXP] = {"int8": 5.644179821014404, "int16": 11.090324401855469}
 
 
 @dataclass(frozen=True)
@@ -176,7 +183,8 @@ class Fixed:
         return FIXED_INPUT[self.kind][self.dtype]
 
 
-def _hard_sigmoid(t: float, alpha: float, beta: float) -> float:
+def _hard_sigmoid(t: float) -> float:
+    alpha, beta = HB_HARD_SIGMOID      # hb's table function, not the node's attributes
     return min(1.0, max(0.0, alpha * t + beta))
 
 
@@ -184,21 +192,20 @@ def _hard_sigmoid(t: float, alpha: float, beta: float) -> float:
 class Derived:
     """A LUT op's output threshold as hb_mapper sets it: the op applied to its input's threshold
     (Sigmoid, HardSigmoid, Tanh, Softplus; measured: sigmoid(8.35089) = 0.999764 where the input is
-    shared and calibrated, hard_sigmoid(2.01287) = 0.835479, softplus and tanh of the kl input
+    shared and calibrated, hard_sigmoid(2.01287) = 0.835479 (hb's slope 1/6 whatever the node's alpha:
+    2.2898 -> 0.8816 with alpha 0.2, tuner.graph.optimize.HB_HARD_SIGMOID), softplus and tanh of the kl input
     threshold, not the output's own kl threshold). ``source`` is the tensor whose threshold the input
     point uses, ``dtype`` the dtype it is read in."""
 
     op: str
     source: str
     dtype: str
-    alpha: float = 0.2
-    beta: float = 0.5
 
     def value(self, t_in: float) -> float:
         if self.op == "Sigmoid":
             return 1.0 / (1.0 + math.exp(-t_in))
         if self.op == "HardSigmoid":
-            return _hard_sigmoid(t_in, self.alpha, self.beta)
+            return _hard_sigmoid(t_in)
         if self.op == "Tanh":
             return math.tanh(t_in)
         if self.op == "Softplus":

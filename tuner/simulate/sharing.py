@@ -34,7 +34,8 @@ toolchain (hb_mapper 1.24.3, hmct 1.1.0) on controlled models, from the calibrat
   threshold 1.0 under ``max``, and per_channel, set_all_nodes_int16 (the group becomes int16 with
   the same threshold) and ``ON: CPU`` on one Slice change nothing (all measured). The depth head's
   Conv output, read through a Resize and two Slices by two Sigmoids, takes the first Sigmoid input's
-  threshold (5.49897 there).
+  threshold (5.49897 there). A MaxPool calibrates its input like a compute op (:data:`CALIBRATED_INPUT`),
+  so a group rooted at a MaxPool's input takes the root's threshold.
 
 :func:`threshold_sources` returns tensor -> the tensor whose statistics it is quantized with, resolved
 to the end of each chain, merged into :attr:`tuner.simulate.plan.Plan.scale_of`.
@@ -51,6 +52,12 @@ from tuner.graph import Graph, Node, Target
 SPLIT_OPS = frozenset({"Slice", "Split", "Gather"})
 #: Same-scale ops that join a group like the passive ones (Resize observed; AveragePool computes).
 THROUGH_SAME_SCALE = frozenset({"Resize", "Upsample"})
+#: Pass-through ops in front of which hmct puts a calibration node: their input is calibrated like a compute
+#: op's, so it is its group's root threshold. Measured (kl, toy Conv -> MaxPool -> Conv: the input's 23.69 on
+#: both calibration nodes, the output's own kl is 19.37; Conv -> MaxPool -> GlobalAveragePool: a node on the
+#: input only; PP-OCR's classifier: HardSwish -> MaxPool -> GlobalAveragePool takes the HardSwish output's
+#: 0.9608 under kl and 2.904 under max_percentile 0.99995, not the MaxPool output's 3.626 and 3.413).
+CALIBRATED_INPUT = frozenset({"MaxPool"})
 
 
 class _Groups:
@@ -138,7 +145,8 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
 
         def calibrated(t: str) -> bool:
             for c, _ in graph.consumers.get(t, []):
-                if placement[c.name] == "BPU" and ((c.name, t) not in joined or c.name in tables):
+                if placement[c.name] == "BPU" and ((c.name, t) not in joined or c.name in tables
+                                                   or c.op_type in CALIBRATED_INPUT):
                     return True
             return False
 

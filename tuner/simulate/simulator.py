@@ -268,7 +268,9 @@ class Simulator:
     def _search_score(self, candidate: Candidate, method: Calibration) -> float:
         """The model-wise score of ``candidate`` under ``method`` (tuner.simulate.calibrate.search_score)."""
         samples, refs = self._search_set()
-        plan = self.plan(candidate)
+        # hmct compares the methods on its calibrated model, whose table ops are the graph's float ops (a
+        # HardSigmoid keeps its alpha: Plan.bpu_tables)
+        plan = dataclasses.replace(self.plan(candidate), bpu_tables=False)
         # a per-channel method is compared as plain per-channel fake quant, not as deployed (facts 1.5)
         session = self._session(candidate.with_calibration(method), method, plan, [], plain=method.per_channel)
         names = self.model.output_names
@@ -282,7 +284,8 @@ class Simulator:
         kept: there is one per node and method)."""
         samples, refs = self._search_set()
         samples, refs = samples[:MIX_SENSITIVITY_SAMPLES], refs[:MIX_SENSITIVITY_SAMPLES]
-        proto = build_sim_model(self.model.proto, self.graph, self.target, single_node_plan(plan, tensor),
+        one = dataclasses.replace(single_node_plan(plan, tensor), bpu_tables=False)   # on hmct's calibrated model
+        proto = build_sim_model(self.model.proto, self.graph, self.target, one,
                                 self.scales(method), self.weights, external=self.external, memo=self._build_memo,
                                 fused=self.fused)
         session = make_session(proto, external=self.external)
@@ -329,7 +332,7 @@ class Simulator:
     def _session(self, candidate: Candidate, calibration: Resolved, plan: Plan,
                  extra: list[str], plain: bool = False) -> ort.InferenceSession:
         """``plain``: default's comparison model of a per-channel method (qdq.build_sim_model)."""
-        key = (candidate.nodes, candidate.optimization, calibration, tuple(extra), plain)
+        key = (candidate.nodes, candidate.optimization, calibration, tuple(extra), plain, plan.bpu_tables)
         if key in self._sessions:
             self._sessions.move_to_end(key)
             return self._sessions[key]
