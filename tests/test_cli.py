@@ -145,7 +145,9 @@ def test_sensitivity_ranks_nodes_and_writes_csv(tiny_project, tmp_path):
     conv = rows["/stem/Conv"]                                         # Conv takes int16 on bayes-e
     assert conv["alone_int16"]["accuracy"] > conv["alone_int8"]["accuracy"]
     sig = rows["/gate/Sigmoid"]
-    assert sig["alone_int16"]["accuracy"] > sig["alone_int8"]["accuracy"]
+    # alone on the BPU, the Sigmoid's output goes to CPU nodes that lead only to model outputs: hb makes its
+    # table int16 (and so its input) without being asked (docs/hb_rules/placement.md 3i), so asking changes nothing
+    assert sig["alone_int16"]["accuracy"] == pytest.approx(sig["alone_int8"]["accuracy"], abs=1e-12)
     assert sig["alone_int8"]["accuracy"] < 1.0
     lines = out.read_text().splitlines()
     assert lines[0].startswith("node,op_type,gain,cpu_gain,int16_gain") and len(lines) == len(rows) + 1
