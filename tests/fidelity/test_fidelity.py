@@ -41,10 +41,6 @@ def _gap(model: str, cases: tuple[str, ...], checks: tuple[str, ...], reason: st
 
 
 _gap("ppocr_det", ("kl",), ("thresholds",), KL_TIE)
-_gap("ppocr_cls", ("int16_se",), ("dtypes",),
-     "int16 asked on an SE block's Mul whose other input (HardSwish Mul@21's output) a GlobalAveragePool reads: "
-     "that tensor stays int8, but hb still makes the HardSwish table read its input in int16 (Mul@21 HzLut2Layer "
-     "int16 in, int8 out; Conv@43 outputs int16); tuner's int16 spread stops at the pinned tensor (int8/int8)")
 GAPS[("ppocr_cls", "*", "order")] = (
     "six of the classifier's seven configurations lie within 0.006 of one another on the real quantized model "
     "(0.9626-0.9683; kl 0.9362) and hb's integer kernels move each by up to 0.004: tuner differs by up to 0.0037 "
