@@ -436,6 +436,8 @@ def _yaml_block(d: dict[str, Any]) -> str:
              "io_kbyte": "DDR traffic of the model's inputs and outputs, us per kilobyte",
              "cut_kbyte": "DDR traffic of tensors cut between subgraphs and CPU nodes, us per kilobyte",
              "cut_tensor": "a tensor cut between a subgraph and a CPU node or another subgraph, us",
+             "relayout_kpix": "a tensor handed between two BPU subgraphs, converted out of and into the BPU's "
+                              "layout, us per thousand pixels",
              "subgraph": "per BPU subgraph, us",
              "model": "per model, us (tuner latency fit sets it for a model)"}
     for t in GLOBAL_TERMS:
@@ -464,7 +466,8 @@ PRIOR: dict[str, Any] = {
         "softmax": {"int8": [5.0, 0.0, 0.1, 0.2], "int16": [5.0, 0.0, 0.2, 0.4]},
         "other": {"int8": [2.0, 0.0, 0.05, 0.1], "int16": [2.0, 0.0, 0.1, 0.2]},
     },
-    "out16_kelem": 0.01, "requant_kelem": 0.03, "io_kbyte": 0.01, "cut_kbyte": 0.01, "cut_tensor": 10.0, "subgraph": 10.0, "model": 0.0,
+    "out16_kelem": 0.01, "requant_kelem": 0.03, "io_kbyte": 0.01, "cut_kbyte": 0.01, "cut_tensor": 10.0, "relayout_kpix": 6.0,
+    "subgraph": 10.0, "model": 0.0,
 }
 #: The share of a layer's load/store cost the per-layer fit adds to its computing cost (at O3 most of it
 #: overlaps with computing; the subgraph totals set the rest).
