@@ -419,15 +419,17 @@ class CostModel:
             if p.placement.get(node.name) != "BPU":
                 continue
             sub = p.subgraph.get(node.name, 0)
+            head = self.layers[node.name].head
+            head = head if p.placement.get(head) == "BPU" else node.name   # as layer_terms names it
             for t in node.inputs:
                 producer = g.producer.get(t)
                 if producer is not None and g.is_activation(t) and (
                         p.placement.get(producer.name) != "BPU" or p.subgraph.get(producer.name, 0) != sub):
-                    out.add(self.layers[node.name].head)
+                    out.add(head)
             for t in node.outputs:
                 if any(p.placement.get(c.name) != "BPU" or p.subgraph.get(c.name, 0) != sub
                        for c, _ in g.consumers.get(t, [])):
-                    out.add(self.layers[node.name].head)
+                    out.add(head)
         return out
 
     def _pixels(self, tensor: str) -> tuple[int, int]:
