@@ -4,16 +4,17 @@ import time
 
 import onnx
 import pytest
-from helpers import build_tiny_model
+from helpers import Toy, build_tiny_model
 
 from tuner.candidate import Candidate
-from tuner.cost.bpu import aligned_elements, layers, op_kind
-from tuner.cost.fit import fit_scales, make_sample, modeled_us, real_precision
-from tuner.cost.hbdk import NodeQtypes
+from tuner.cost.bpu import LayerPrice, aligned_elements, layers, op_kind
+from tuner.cost.fit import fit_price, fit_scales, make_sample, modeled_us, real_precision
+from tuner.cost.hbdk import LayerRow, NodeQtypes, SubgraphEstimate
 from tuner.cost.latency import (
     BoardFit,
     BpuCoefficients,
     CostModel,
+    LayerUse,
     ModelFit,
     Precision,
     load_profile,
@@ -82,6 +83,80 @@ def test_a_cut_costs_the_bpu_its_io(setup):
     cuts = sum(f.get("cut_tensor", 0.0) for f in f_cut) - sum(f.get("cut_tensor", 0.0) for f in f_base)
     # /res/Conv's input leaves the first subgraph and its output enters the next: 2 x 8x16x16 int8 at least
     assert io >= 2 * 8 * 16 * 16 / 1e3 and cuts >= 2
+
+
+def _handed_over(channels):
+    """A Conv's output read by a Sigmoid, and through a CPU node by the Add after both: with the CPU node the
+    Add is a second BPU subgraph that reads the Sigmoid's output straight from the first."""
+    t = Toy()
+    a = t.conv("a", "x", 8, channels)
+    out = t.op("Add", "add", [t.op("Sigmoid", "s", [a]), t.op("Abs", "cpu", [a])])
+    graph = t.graph([out])
+    target = load_target("bayes-e")
+    cm = CostModel(graph, target)
+    return [cm.features(Precision.of_plan(make_plan(graph, target, Candidate.make(nodes=ni))))
+            for ni in ({}, {"cpu": {"ON": "CPU"}})]
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_a_tensor_between_two_subgraphs_is_converted_per_pixel(channels):
+    """hbdk converts a tensor handed from one BPU subgraph to another out of the BPU's layout where it is
+    written and into it where it is read, per pixel (16x16 here); a 1-channel tensor is read as it is."""
+    one, two = _handed_over(channels)
+    assert len(one) == 1 and "relayout_kpix" not in one[0]
+    assert len(two) == 2
+    assert two[0]["relayout_kpix"] == pytest.approx(16 * 16 / 1e3)          # the Sigmoid's writer side
+    assert two[1].get("relayout_kpix", 0.0) == pytest.approx(0.0 if channels == 1 else 16 * 16 / 1e3)
+    # and the shipped constants price it: the 1-channel hand-over costs less than the 4-channel one
+    assert _handed_over(4)[1][1]["relayout_kpix"] > _handed_over(1)[1][1].get("relayout_kpix", 0.0)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_hbdk_sees_the_late_int8_fallback(stride):
+    """A depthwise Conv with a stride above 1 keeps int16 in hb's calibrated model but is set back to int8
+    at quantization (placement.md 3d): the quantized model hbdk compiles reads int8, so fitting on the real
+    qtypes prices it in int8; with stride 1 it stays int16."""
+    t = Toy()
+    out = t.conv("pw", t.conv("dw", "x", 8, 8, stride=stride, group=8), 8, 8, k=1)
+    graph = t.graph([out])
+    target = load_target("bayes-e")
+    cm = CostModel(graph, target)
+    plan = make_plan(graph, target, Candidate.make(nodes={"dw": {"InputType": "int16"}}))
+    q = {"dw": NodeQtypes("Conv", ("int16", None), ("int8",)), "pw": NodeQtypes("Conv", ("int8", None), (None,))}
+    real = real_precision(cm, plan, q)
+    assert ("dw" in real.in16) == (stride == 1)
+    assert real.in16 == Precision.of_plan(plan).in16
+
+
+def test_a_max_term_without_rows_cannot_undo_the_fit():
+    """Rows whose input and output are the same size (a per-channel scale) are all charged to one of the
+    two terms; the other keeps its prior only as far as it bounds no row, so the fitted slope prices them
+    (before: a prior of 0.3 us per thousand elements won the max over the fitted 0.1)."""
+    rows = []
+    for kelem in (20, 50, 100, 200, 400, 800):
+        u = LayerUse("n", 0, "scale", "int16", 0, kelem * 1000, kelem * 1000, False)
+        rows.append((u, 2.0 + 0.1 * kelem))
+    price = fit_price(rows, LayerPrice(2.0, 0.0, 0.3, 0.3), ridge=1e-6)
+    for u, us in rows:
+        assert price.us(u.macs, u.in_elements, u.elements) == pytest.approx(us, rel=0.02)
+
+
+def test_rows_next_to_a_cut_stay_out_of_the_per_layer_fit(setup):
+    """hbdk's rows of the layers that write or read a cut tensor carry its transfer and layout conversion,
+    which the subgraph-level terms price: the per-layer fit leaves them out."""
+    _, _, cm = setup
+    cut = Precision.of_plan(plan_of(setup, {"/res/Conv": {"ON": "CPU"}}))
+    base = Precision.of_plan(plan_of(setup))
+    rows = tuple(LayerRow(name=u.head, macs=u.macs, shape=(), aligned=(), compute_us=5.0, load_store_us=1.0)
+                 for u in cm.layer_terms(base))
+    est = [SubgraphEstimate("s0", 100.0, 0, 0, rows)]
+    kept_base = {u.head for u, _ in make_sample(cm, base, 100.0, estimates=est).rows}
+    kept_cut = {u.head for u, _ in make_sample(cm, cut, 100.0, estimates=est).rows}
+    edge = cm.cut_layers(cut)
+    # /stem/Conv writes /stem/relu_out to the CPU Conv; /res/Add reads that Conv's output back
+    assert {"/stem/Conv", "/res/Add"} <= edge
+    assert not edge & kept_cut and "/gate/Sigmoid" in kept_base and "/gate/Sigmoid" in edge   # now read by sub 1
+    assert "/head/seg/Conv" in kept_cut and "/head/seg/Conv" not in edge
 
 
 def test_int16_costs_more_than_int8(setup):

@@ -10,8 +10,10 @@ subgraphs of
 * hbdk's Requantize layers: where an int16 tensor meets an op that refuses int16, where one tensor is
   read in two precisions, after an int16-input Conv;
 * the DDR traffic of the model's inputs and outputs and of the tensors cut between a subgraph and the
-  rest, a cost per cut tensor (hbdk's layers next to a cut slow down), a fixed cost per subgraph, and a
-  constant per model.
+  rest, a cost per cut tensor (hbdk's layers next to a cut slow down), the layout conversions of a
+  tensor handed from one BPU subgraph to another (per pixel, on both sides: PP-OCRv4's and the example's
+  writers and readers of such tensors grow ~6 us per thousand pixels, a 1-channel 96x160 one ~95 us), a
+  fixed cost per subgraph, and a constant per model.
 
 The prices are fitted to hbdk's per-layer tables and totals (``benchmarks/latency_fidelity.py``,
 :mod:`tuner.cost.fit`) and shipped in ``search_spaces/targets/<march>.yaml`` (``cost.bpu``);
@@ -65,15 +67,18 @@ PRECISIONS = ("int8", "int16")
 #: elements), the DDR traffic of the model's inputs and outputs and of the tensors cut between a subgraph
 #: and the rest (kilobytes), a tensor cut between BPU and CPU inside
 #: the model (hbdk's layers next to a cut were measured 30-70 us slower in all: the example's three
-#: CPU-cut Convs), a subgraph, and the model itself (a constant per model).
-GLOBAL_TERMS = ("out16_kelem", "requant_kelem", "io_kbyte", "cut_kbyte", "cut_tensor", "subgraph", "model")
+#: CPU-cut Convs), the layout conversions of a tensor handed between two BPU subgraphs (thousand pixels:
+#: ~6 us each on both sides, whatever its channels), a subgraph, and the model itself (a constant per model).
+GLOBAL_TERMS = ("out16_kelem", "requant_kelem", "io_kbyte", "cut_kbyte", "cut_tensor", "relayout_kpix", "subgraph",
+                "model")
 #: What ``tuner latency fit`` refines per model: a constant added to the model (``model``, us: what this
 #: model costs that its layers' prices miss, e.g. the example's ~200 us of layout conversions hbdk charges
 #: to its full-resolution element-wise layers), a scale of the int16 terms (int16 layers, writes,
 #: requantizes) and a scale of the I/O terms (DDR traffic, cut tensors, subgraphs).
 SCALES = ("model", "int16", "io")
 _SCALE_OF = {"int8": "int8", "int16": "int16", "out16_kelem": "int16", "requant_kelem": "int16",
-             "io_kbyte": "io", "cut_kbyte": "io", "cut_tensor": "io", "subgraph": "io", "model": "model"}
+             "io_kbyte": "io", "cut_kbyte": "io", "cut_tensor": "io", "relayout_kpix": "io", "subgraph": "io",
+             "model": "model"}
 _BYTES = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "float": 4}
 
 
@@ -372,6 +377,7 @@ class CostModel:
         # subgraph that writes or reads it (model inputs and outputs are not cuts): PP-OCRv4's backbone
         # cut from its neck hands the neck its three skip features through DDR as well
         cut: set[tuple[str, int]] = set()
+        relayout: set[tuple[str, int, str]] = set()
         for node in g:
             here = p.placement.get(node.name)
             for t in node.inputs:
@@ -388,11 +394,53 @@ class CostModel:
                     if (t, sub) not in cut:
                         cut.add((t, sub))
                         add(sub, "cut_tensor", 1.0)
+                if here == "BPU" and there == "BPU" and len(sides) == 2:
+                    # a tensor handed from one BPU subgraph to another is converted out of the BPU's layout
+                    # where it is written and into it where it is read, per pixel whatever its channels;
+                    # a 1-channel tensor is read as it is (docs/hb_rules/latency.md, 10)
+                    pix, channels = self._pixels(t)
+                    for sub, side in ((sides[0], "out"), (sides[1], "in")):
+                        if (side == "out" or channels > 1) and (t, sub, side) not in relayout:
+                            relayout.add((t, sub, side))
+                            add(sub, "relayout_kpix", pix / 1e3)
         for sub in subs:
             add(sub, "subgraph", 1.0)
         if subs:
             add(min(subs), "model", 1.0)
         return subs
+
+    def cut_layers(self, p: Precision) -> set[str]:
+        """The BPU layers (by head) that read or write a tensor cut between their subgraph and a CPU node or
+        another subgraph: hbdk's rows for them carry the transfer and the layout conversion, which the
+        subgraph-level terms price (the per-layer fit leaves them out)."""
+        g = self.graph
+        out: set[str] = set()
+        for node in g:
+            if p.placement.get(node.name) != "BPU":
+                continue
+            sub = p.subgraph.get(node.name, 0)
+            head = self.layers[node.name].head
+            head = head if p.placement.get(head) == "BPU" else node.name   # as layer_terms names it
+            for t in node.inputs:
+                producer = g.producer.get(t)
+                if producer is not None and g.is_activation(t) and (
+                        p.placement.get(producer.name) != "BPU" or p.subgraph.get(producer.name, 0) != sub):
+                    out.add(head)
+            for t in node.outputs:
+                if any(p.placement.get(c.name) != "BPU" or p.subgraph.get(c.name, 0) != sub
+                       for c, _ in g.consumers.get(t, [])):
+                    out.add(head)
+        return out
+
+    def _pixels(self, tensor: str) -> tuple[int, int]:
+        """(pixels, channels) of an activation: N x H x W of an NCHW tensor (its elements over its channels)."""
+        shape = self.graph.shapes.get(tensor)
+        if not shape or any(d is None for d in shape):
+            return 0, 0
+        dims = [int(d) for d in shape if d is not None]
+        if len(dims) < 3:
+            return dims[0], dims[-1]
+        return elements(dims) // max(dims[1], 1), dims[1]
 
     def _io_kbytes(self, p: Precision) -> dict[tuple[int, str], float]:
         """Kilobytes each subgraph loads and stores at its edges, as (subgraph, term): the model's own inputs
