@@ -1,10 +1,10 @@
-"""Synthetic hb_mapper calibrated models, built exactly per hb_quantizer_facts 4.1 (no public one exists).
+"""Synthetic hb_mapper calibrated models, built exactly per docs/hb_rules/quantizer.md §4.1 (no public one exists).
 
 :func:`calibrate` inserts ``HzCalibration`` nodes (domain ``horizon``) into a float model the way
 hb_mapper's ``*_calibrated_model.onnx`` holds them: ``<tensor>_HzCalibration`` on an activation,
 ``<weight>_<consumer>_HzCalibration`` on a weight (axis 0), and for an equalized Conv input a
 per-channel node with ``dequantize_scale`` in front of that Conv, whose weight is pre-scaled along
-its input channels by s_c / max(s) (facts 1.5).
+its input channels by s_c / max(s) (docs/hb_rules/quantizer.md §1.5).
 """
 
 from __future__ import annotations

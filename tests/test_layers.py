@@ -2,7 +2,7 @@
 
 The layers, bottom first. A module may import from its own layer and the ones below it. A
 module belongs to the longest prefix listed (``tuner.study.results`` before ``tuner.study``).
-The same list, with the reasons, is in the README ("How the simulation works").
+The same list, with the reasons, is in docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 from tuner.errors import TunerError
 from tuner.inputs.config import HbConfig, parse_node_info
 
-# The values hb_mapper accepts (reference 6.1); a candidate never holds anything it would reject.
+# The values hb_mapper accepts (docs/hb_rules/config.md §4); a candidate never holds anything it would reject.
 CALIBRATION_TYPES = ("default", "mix", "kl", "max", "load", "skip")
 #: hb_mapper's max_percentile default: percentile 1.0 is the plain abs-max (a search space lists it as the value).
 PLAIN_MAX_PERCENTILE = 1.0
@@ -76,7 +76,7 @@ class Calibration:
     def describe(self) -> str:
         """The method string as hb_mapper logs it (``Select <method> method.``).
 
-        Format of horizon_nn's ``CalibrationMethod.__str__`` [facts 2.2, src 24158003755]: the
+        Format of horizon_nn's ``CalibrationMethod.__str__`` [docs/hb_rules/quantizer.md §2.2, src 24158003755]: the
         kernel parameters (``num_bin``/``max_num_bin`` for kl, ``percentile`` for max-percentile),
         then ``per_channel``, then ``asymmetric``, comma-joined after one colon; a method without any
         is its bare name: ``max``, ``max:per_channel``, ``max:per_channel,asymmetric``,

@@ -1,6 +1,7 @@
-"""The ``tuner`` command: one subcommand per library call.
+"""Simulate hb_mapper makertbin's quantization (RDK X5) and search for the YAML that keeps a float ONNX accurate.
 
-Bad input raises ``TunerError``; it is printed as one line and the exit code is 2.
+The first line above is ``tuner --help``'s description (plain text: argparse prints it as it is).
+One subcommand per library call; bad input raises ``TunerError``, printed as one line, exit code 2.
 """
 
 from __future__ import annotations

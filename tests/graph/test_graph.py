@@ -57,7 +57,7 @@ def test_target_tables():
     t = load_target("bayes-e")
     assert t.bpu_capable("Conv") and not t.bpu_capable("Where")
     assert "Softmax" in t.bpu_default_cpu and t.int16_input("Softmax")
-    assert t.int16_input("Conv") and t.int16_output("Conv")            # x5_op_facts S3, S5-S7
+    assert t.int16_input("Conv") and t.int16_output("Conv")            # docs/hb_rules/ops.md S3, S5-S7
     assert not t.int16_input("ConvTranspose") and not t.int16_input("Resize")
     assert t.int16_input("Equal") and not t.int16_output("Equal")
     assert t.int16_input("MatMul", 0) and not t.int16_input("MatMul", 1) and t.int16_output("MatMul")
@@ -93,10 +93,10 @@ def test_malformed_int16_rules_are_clear_errors(tmp_path, extra, fragment):
         load_target(path)
 
 
-#: x5_op_facts 4.3 / 6.5: "CPU计算" on RDK Ultra (S2), BPU ops on X5.
+#: docs/hb_rules/ops.md §4.3: "CPU计算" on RDK Ultra (S2), BPU ops on X5.
 ULTRA_CPU_ONLY = ("Acos", "Acosh", "Asin", "Asinh", "Atanh", "Cosh", "Sinh", "Tan", "Round", "Sign", "Erf", "Selu",
                   "Softsign", "PRelu")
-#: x5_op_facts 4.4: the X3 ONNX list's CPU ops (GridSample: "CPU计算※").
+#: docs/hb_rules/ops.md §4.4: the X3 ONNX list's CPU ops (GridSample: "CPU计算※").
 X3_CPU = ("Abs", "Acos", "Acosh", "ArgMin", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Cosh", "Elu", "Equal", "Erf",
           "Expand", "Flatten", "Floor", "Gather", "GatherElements", "Greater", "GreaterOrEqual", "HardSigmoid", "Less",
           "LessOrEqual", "Log", "Max", "Min", "ReduceMax", "ReduceSum", "Reshape", "Round", "Selu", "Sign", "Sinh",
@@ -104,7 +104,7 @@ X3_CPU = ("Abs", "Acos", "Acosh", "ArgMin", "Asin", "Asinh", "Atan", "Atanh", "C
 
 
 def test_target_tables_entry_by_entry():
-    """The rows of x5_op_facts sections 2 and 4 that the target tables must follow, one by one."""
+    """The rows of docs/hb_rules/ops.md §2 and §4 that the target tables must follow, one by one."""
     x5, ultra, x3 = load_target("bayes-e"), load_target("bayes"), load_target("bernoulli2")
     for t in (x5, ultra):
         # section 2: int16 in and out; int8 only; int16 input only

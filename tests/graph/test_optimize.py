@@ -272,7 +272,7 @@ def test_shape_arithmetic_on_static_shapes_is_folded_and_does_not_split_subgraph
 
 
 def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
-    """x5_op_facts 4.2 #12: '/model.10/attn/Mul BPU HzSQuantizedConv int8/int32' before a CPU Softmax."""
+    """docs/hb_rules/ops.md §4.2 #12: '/model.10/attn/Mul BPU HzSQuantizedConv int8/int32' before a CPU Softmax."""
     rng = np.random.default_rng(7)
     c1, w1 = _conv("/c1", "x", "a", rng)
     # (a Relu between: a Mul read from a Conv alone would be folded into it)
@@ -291,7 +291,7 @@ def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
     assert p16.in_dtype["/scale/Mul"] == "int16"
     _same_function(before, model)
     # Its constant is the weight of a depthwise 1x1 convolution: int8 per output channel (the rule of
-    # Conv weights, hb_quantizer_facts 1.7) gives each value its own scale, so it is exact and the
+    # Conv weights, docs/hb_rules/quantizer.md §1.7) gives each value its own scale, so it is exact and the
     # simulator keeps it float (it is not in plan.weights).
     from tuner.simulate.qdq import fake_quant_weight
 
@@ -301,7 +301,7 @@ def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
 
 
 def test_a_bpu_softmax_runs_as_hb_mappers_six_quantized_parts(tmp_path):
-    """Real 1.24.3 log (x5_op_facts S5): a Softmax forced onto the BPU shows as
+    """Real 1.24.3 log (docs/hb_rules/ops.md S5): a Softmax forced onto the BPU shows as
     <name>_{reducemax,sub,exp,reducesum,reciprocal,mul}_FROM_QUANTIZED_SOFTMAX rows, each quantized."""
     from helpers import hb_yaml
 
@@ -364,7 +364,7 @@ def test_node_info_naming_a_folded_constant_is_a_note(tmp_path, target):
 
 
 def test_a_grouped_conv_transpose_has_one_weight_scale_per_output_channel():
-    """hb_quantizer_facts 1.7: the weight [Cin, Cout/g, k, k] is reshaped to (g, Cin/g, Cout/g, ...) first."""
+    """docs/hb_rules/quantizer.md §1.7: the weight [Cin, Cout/g, k, k] is reshaped to (g, Cin/g, Cout/g, ...) first."""
     from tuner.simulate.qdq import grouped_deconv_weight
 
     rng = np.random.default_rng(10)
@@ -460,7 +460,7 @@ def _hardswish_hardsigmoid(x):
     (_mish_softplus, "HzMish", "/mish/Mul"), (_mish_exp_log, "HzMish", "/mish/Mul"),
     (_hardswish_hardsigmoid, "HzHardSwish", "/hs/Mul")])
 def test_gelu_mish_and_hardswish_are_one_lut_quantized_once_in_and_out(target, pattern, kind, last):
-    """hb_quantizer_facts 3.4 / section 5: GELU, Mish and HardSwish have fused Hz kinds, one LUT each."""
+    """docs/hb_rules/quantizer.md §3.4 / §5: GELU, Mish and HardSwish have fused Hz kinds, one LUT each."""
     rng = np.random.default_rng(12)
     c1, w1 = _conv("/c1", "x", "a", rng)
     c2, w2 = _conv("/c2", "s", "y", rng)

@@ -152,7 +152,7 @@ def test_range_ratio_below_threshold_is_silent_and_per_channel_downgrades(tmp_pa
     assert f.channel == 2 and f.severity == WARNING and "set per_channel: True" in f.message
     (f,) = by_code(check_data(write_project(tmp_path / "c", samples, per_channel=True, conv=True)), "range_ratio")
     assert f.severity == INFO and "per_channel is already True" in f.message
-    # an input no Conv reads: per_channel would not help it (hb_quantizer_facts 1.5), so it is not suggested
+    # an input no Conv reads: per_channel would not help it (docs/hb_rules/quantizer.md §1.5), so it is not suggested
     (f,) = by_code(check_data(write_project(tmp_path / "d", samples, per_channel=True)), "range_ratio")
     assert f.severity == WARNING and "per_channel does not help" in f.message and "Relu" in f.message
 

@@ -133,7 +133,7 @@ def _free_port() -> int:
 
 
 def test_optuna_dashboard_reads_the_study_as_it_is(finished):
-    """The README's 'optuna-dashboard results/<study>/study.journal': the real server, on
+    """docs/search.md's 'optuna-dashboard results/<study>/study.journal': the real server, on
     loopback, lists the study and each trial's tuner record."""
     import json
     import time

@@ -17,7 +17,7 @@ def example(tmp_path_factory):
 
 def test_oracle_all_bpu_int8_max_matches_quantize_static(example):
     # The exported graph: hb_mapper's optimizer lowers the example's Muls by constants to
-    # weight-quantized convolutions (x5_op_facts 4.2 #14), which onnxruntime's quantizer keeps as
+    # weight-quantized convolutions (docs/hb_rules/ops.md §4.2 #14), which onnxruntime's quantizer keeps as
     # Muls (differs by design).
     ws = Workspace.open(example, hb_optimize=False)
     ws.target = ort_semantics(ws.target)
@@ -41,7 +41,7 @@ def test_the_radar_channel_breaks_per_tensor_input_quantization(example):
     gives the input the first (RGB) Slice's threshold (1.0), so the radar range is clipped (measured on
     the real toolchain: tests/fidelity); an int16 request on the Slices gives the group the input's own
     range in int16 and fixes it. ``per_channel`` does not: hb_mapper deploys per-channel activation
-    scales only on Conv inputs, by equalization (hb_quantizer_facts 1.5), and the example's input feeds
+    scales only on Conv inputs, by equalization (docs/hb_rules/quantizer.md §1.5), and the example's input feeds
     Slices, so its quantization stays per-tensor."""
     ws = Workspace.open(example)
     sim = ws.simulator

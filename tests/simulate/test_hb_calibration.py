@@ -1,4 +1,4 @@
-"""hb_mapper's asymmetric rule (hb_quantizer_facts 1.6), end to end (per_channel: test_per_channel.py)."""
+"""hb_mapper's asymmetric rule (docs/hb_rules/quantizer.md §1.6), end to end (per_channel: test_per_channel.py)."""
 
 from pathlib import Path
 

@@ -101,7 +101,7 @@ def test_int16_honoured_where_the_march_allows_it(graph, target):
 
 
 def test_int16_refused_on_conv_transpose_falls_back_with_a_note(rules):
-    """ConvTranspose is int8 only on bayes-e (x5_op_facts S3); the note is hb_mapper's warning text."""
+    """ConvTranspose is int8 only on bayes-e (docs/hb_rules/ops.md S3); the note is hb_mapper's warning text."""
     plan = plan_for(rules, load_target("bayes-e"), {"/up/ConvTranspose": {"InputType": "int16"}})
     assert plan.edges[("/up/ConvTranspose", 0)] == ("/dil/tanh", "int8")
     assert plan.notes == ["The input0 of Node(name:/up/ConvTranspose, type:ConvTranspose) does not support data "
@@ -117,7 +117,7 @@ def test_output_type_int16_reaches_int16_capable_consumers(graph, target):
 def test_set_all_nodes_int16(graph, target):
     plan = plan_for(graph, target, optimization=("set_all_nodes_int16",))
     assert dtype_in(plan, "/gate/Mul", 0) == "int16"
-    assert plan.edges[("/stem/Conv", 0)][1] == "int16"  # Conv takes int16 on bayes-e (x5_op_facts S3, S7)
+    assert plan.edges[("/stem/Conv", 0)][1] == "int16"  # Conv takes int16 on bayes-e (docs/hb_rules/ops.md S3, S7)
     assert plan.notes == []                              # set_all_nodes_int16 is silent where it cannot apply
 
 

@@ -79,7 +79,7 @@ def folded(projects):
     """The folded detector with the simulator set to onnxruntime's placement semantics, on the graph as
     exported: quantize_static quantizes that graph, while hb_mapper's optimizer first fuses each
     x * clip(x + 3, 0, 6) / 6 into one HardSwish LUT and lowers Muls by constants to convolutions
-    (hb_quantizer_facts section 5, tuner.graph.optimize), which are differences by design."""
+    (docs/hb_rules/quantizer.md §5, tuner.graph.optimize), which are differences by design."""
     ws = Workspace.open(projects["folded"], hb_optimize=False)
     ws.target = ort_semantics(ws.target)
     ws._simulator = None

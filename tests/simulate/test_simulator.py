@@ -132,7 +132,7 @@ def test_matches_onnxruntime_quantize_static_with_the_same_scales(tmp_path):
     model.graph.node.extend(nodes)
     onnx.save(model, str(tmp_path / "o" / "tiny.onnx"))
     # The exported graph: hb_mapper lowers the depth head's Mul by 80 to a convolution
-    # (x5_op_facts 4.2 #14, tuner.graph.optimize); onnxruntime's quantizer keeps a Mul.
+    # (docs/hb_rules/ops.md §4.2 #14, tuner.graph.optimize); onnxruntime's quantizer keeps a Mul.
     ws = Workspace.open(cfg, hb_optimize=False)
     ws.target = ort_semantics(ws.target)
     cand = Candidate.make(Calibration("max"))

@@ -89,7 +89,7 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
     # per tensor; read by the CPU alone it would leave the BPU in int16): an int8 scale rounds channel 0 to 0
     # and 1/0 reaches the model output as inf (on the BPU it would saturate instead); an int16
     # Relu (input and output) keeps it. (per_channel, the knob this test used, no longer reaches a tensor no
-    # Conv reads: hb_quantizer_facts 1.5.)
+    # Conv reads: docs/hb_rules/quantizer.md §1.5.)
     cfg.write_text(cfg.read_text().replace("node_info: {}", "node_info: {'/reciprocal': {'ON': 'CPU'}}"))
     space = tmp_path / "space.yaml"
     space.write_text("base: r/hb_config.yaml\nnodes:\n  names: [/relu]\n  placement: [BPU]\n"

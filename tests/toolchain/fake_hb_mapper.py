@@ -7,7 +7,7 @@ like a real toolchain would:
 * int16 on op types in FAKE_HB_REFUSE (default: Sigmoid) is refused (falls back to int8),
 * every node's error is FAKE_HB_FACTOR times larger (default 3: real cosine = 1 - 3 (1 - sim)),
 
-and computes its tables as hb_mapper does (horizon_nn's reporter, reference 4.3): on the first
+and computes its tables as hb_mapper does (horizon_nn's reporter, docs/hb_rules/quantizer.md §4.3): on the first
 calibration sample only, cosine = (a.b + 1e-5) / (|a| |b| + 1e-5), L1 = mean |d|,
 L2 = |d| / n, Chebyshev = max |d|, in float32 (written out here, not taken from tuner.metrics),
 
@@ -101,7 +101,8 @@ def main(argv: list[str]) -> int:
         if s.output_type == "int16":
             log_lines.append(f"The output of node {name} are set to : int16")
     add("Start to calibrate the model.")
-    if cand.calibration.type == "default":   # mix skips the model-wise search: no Select line (facts 1.9)
+    # mix skips the model-wise search: no Select line (docs/hb_rules/quantizer.md §1.9)
+    if cand.calibration.type == "default":
         add(f"Select {ev.calibration.describe()} method.", "modelwise_search")
     for name in refused:
         add(f"The int16 of node '{name}' is not supported in this context, fall back to int8.", "quantizer")

@@ -1,6 +1,6 @@
 """hb_mapper's *_calibrated_model.onnx: reader, real-threshold simulation, PC check, import-calibrated.
 
-These build synthetic ones per hb_quantizer_facts 4.1 (tests/calibrated_models.py) from the tests'
+These build synthetic ones per docs/hb_rules/quantizer.md §4.1 (tests/calibrated_models.py) from the tests'
 tiny model; test_calibrated_real.py reads the real toolchain's.
 """
 
@@ -60,7 +60,8 @@ def mixed_model(ws, scales) -> onnx.ModelProto:
             "/gate/sig_out": {"thresholds": [1.0], "switch": "OFF"},
             "/head/cat_out": {"thresholds": [scales.threshold("/head/cat_out") * 0.9]}}
     m = calibrate(model, acts, equalized={("/stem/relu_out", "/res/Conv"): eq})
-    scaled = weight_max(m, "/res/Conv.w")          # weight thresholds on the pre-scaled weight (facts 1.5)
+    # weight thresholds on the pre-scaled weight (docs/hb_rules/quantizer.md §1.5)
+    scaled = weight_max(m, "/res/Conv.w")
     return calibrate(m, {}, weights={("/res/Conv.w", "/res/Conv"): {"thresholds": scaled}})
 
 
@@ -221,9 +222,9 @@ def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, 
 
 
 def test_conv_transpose_weight_thresholds_must_be_one_per_output_channel(tmp_path):
-    """A grouped ConvTranspose weight [Cin, Cout/g, k, k] has g * Cout/g output channels (facts 1.7):
-    that many thresholds map; another count is an error naming the node, not a silent fallback to
-    tuner's max |w|."""
+    """A grouped ConvTranspose weight [Cin, Cout/g, k, k] has g * Cout/g output channels
+    (docs/hb_rules/quantizer.md §1.7): that many thresholds map; another count is an error naming the
+    node, not a silent fallback to tuner's max |w|."""
     from tuner.graph import Graph
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])
@@ -270,7 +271,7 @@ def test_calibrated_model_of_another_model_and_missing_files_exit_2(project, tmp
 
 
 def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
-    """The runnable model computes exactly facts 4.2's fake quantization, checked with numpy."""
+    """The runnable model computes exactly docs/hb_rules/quantizer.md §4.2's fake quantization, checked with numpy."""
     _, ws, _, scales = project
     cal = parse_calibrated(mixed_model(ws, scales), tmp_path / "m.onnx")
     exposed = ["/stem/relu_out_/res/Conv_HzCalibration_out", "/stem/relu_out", "/gate/Conv_out",
@@ -302,7 +303,7 @@ def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
 
 
 def test_asymmetric_uint8_float16_and_tensor_valued_thresholds(tmp_path):
-    """hb_quantizer_facts 4.1-4.2 forms the tiny model does not hold: uint8 [min, max] (zero point from
+    """docs/hb_rules/quantizer.md §4.1-4.2 forms the tiny model does not hold: uint8 [min, max] (zero point from
     min), a float16 node (a round trip through float16), thresholds written as a tensor attribute."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 3]) for n in ("a", "h", "t")]

@@ -3,7 +3,7 @@
 The files are made here by the real hb_mapper (fixture ``hb_toolchain``: skipped without it) from
 the bundled example at O0: the YAML's ``max`` and the same with two nodes on the CPU (two
 conversions of ~20 s each, kept between runs by content). Measured on the example's 32 samples
-(README, "After a failed conversion"): tuner's simulation with the real thresholds is within 0.0004
+(docs/calibrated.md, "Checked against real files"): tuner's simulation with the real thresholds is within 0.0004
 output cosine (to float) of the real calibrated model run by hmct's executor, and within 0.9998
 cosine of its outputs directly, on max, kl, default, set_all_nodes_int16, per_channel and
 node_info variants.

@@ -1,4 +1,5 @@
-"""hb_mapper log parsing on hand-written logs, one per variant of the documented format (reference 9.1)."""
+"""hb_mapper log parsing on hand-written logs, one per variant of the documented format
+(docs/hb_rules/config.md §7)."""
 
 import pytest
 
@@ -194,7 +195,7 @@ def test_spearman_rank_correlation():
                                       dict(type="kl", per_channel=True, asymmetric=True)])
 def test_the_select_line_of_every_default_method_reads_back_as_the_simulated_method_string(cal_args):
     """The verify/import-log comparison sets log.method against Calibration.describe(): they must
-    be the same text for each of default's 12 methods (colon form, facts 2.2)."""
+    be the same text for each of default's 12 methods (colon form, docs/hb_rules/quantizer.md §2.2)."""
     from tuner.candidate import Calibration
 
     text = Calibration(**cal_args).describe()

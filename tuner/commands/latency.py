@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.set_defaults(func=fit)
 
     b = lsub.add_parser("board", help="read hrt_model_exec perf output and refit the board against hbdk",
-                        description="Read the output of `hrt_model_exec perf --thread_num 1` for the .bin of "
+                        description="Read the output of hrt_model_exec perf --thread_num 1 for the .bin of "
                                     "CONFIG, add it to the board's campaign (one per board and firmware, never "
                                     "pooled) and refit board_ms = a x hbdk estimate + b x MB of float32 outputs + c.")
     b.add_argument("perf", help="the console output of hrt_model_exec perf (a file)")

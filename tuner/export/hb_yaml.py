@@ -97,7 +97,7 @@ def merged_config(base_raw: dict[str, Any], base_path: Path, candidate: Candidat
 
 
 def check_rules(cfg: dict[str, Any], where: Path, node_names: set[str] | None = None) -> None:
-    """Raise TunerError if the mapping breaks a rule of hb_mapper's parser (reference section 1)."""
+    """Raise TunerError if the mapping breaks a rule of hb_mapper's parser (docs/hb_rules/config.md §3)."""
     text = dump_yaml(cfg)
     reread = yaml.safe_load(text)
     parse_config(reread, where)  # schema: known keys, types, values, node_info grammar

@@ -17,7 +17,7 @@ and reports its nodes under the names hb_mapper's log prints:
   ``x * clip(x + 3, 0, 6) / 6`` (HardSwish), ``x * tanh(softplus(x))`` (Mish) and the erf / tanh
   forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
   output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
-  (hb_quantizer_facts §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
+  (docs/hb_rules/quantizer.md §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
   and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for Mish and GELU: no
   real log shows them fused; the patterns are the usual exporter forms; HardSwish measured]. The
   fused node keeps the name of the region's last node (a HardSwish: its x * f(x) Mul, as hb names
@@ -26,11 +26,11 @@ and reports its nodes under the names hb_mapper's log prints:
 * **Div decomposed**: ``Div(a, b)`` with ``b`` computed at run time becomes ``<name>_reciprocal``
   (``Reciprocal(b)``, a LUT) and ``<name>_mul`` (``Mul(a, ·)``), as in real 1.24.3 logs
   (``…/Div_reciprocal HzLut`` + ``…/Div_mul HzSElementwiseMul``) and D-Robotics' own X5 YAMLs, which
-  put int16 on ``…/Div_mul`` (x5_op_facts §2 Div row). A Div by a constant becomes
+  put int16 on ``…/Div_mul`` (docs/hb_rules/ops.md §2, Div row). A Div by a constant becomes
   ``<name>_mul``, a Mul by the reciprocal constant [inferred: the reciprocal of a constant is folded].
 * **Mul by a constant lowered to a convolution**: a Mul of a feature map by a scalar or per-channel
   constant is a weight-quantized 1x1 convolution on the BPU (``HzSQuantizedConv`` in real logs, where
-  it leaves the BPU as int32 before a CPU node: x5_op_facts §4.2 #12, #14). It becomes a node of kind
+  it leaves the BPU as int32 before a CPU node: docs/hb_rules/ops.md §4.2 #12, #14). It becomes a node of kind
   ``HzChannelScale`` (same name as the Mul) that the target tables treat like a Conv: no LUT chaining,
   int32 output at a subgraph edge. Its constant, being scalar or one value per channel, is exact under
   per-output-channel int8 weight quantization (so the simulator keeps it float: not a plan weight).

@@ -1,6 +1,6 @@
 """A Softmax on the BPU as hb_mapper runs it: six quantized parts.
 
-Real 1.24.3 log (hb_quantizer_facts section 5, log 22843858307): ReduceMax, Sub, Exp (LUT),
+Real 1.24.3 log (docs/hb_rules/quantizer.md §5, log 22843858307): ReduceMax, Sub, Exp (LUT),
 ReduceSum, Reciprocal (LUT), Mul, each with its own calibration, named
 ``<name>_<part>_FROM_QUANTIZED_SOFTMAX``. Whether a Softmax runs on the BPU depends on the candidate
 (it defaults to the CPU), so the graph keeps one Softmax node; :func:`softmax_parts` is what the
@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-#: hb_mapper's parts of a BPU Softmax, in order (real 1.24.3 log, hb_quantizer_facts section 5).
+#: hb_mapper's parts of a BPU Softmax, in order (real 1.24.3 log, docs/hb_rules/quantizer.md §5).
 SOFTMAX_PARTS = ("reducemax", "sub", "exp", "reducesum", "reciprocal", "mul")
 #: What each part reads: other parts, or ``"x"`` (the Softmax's input), as :func:`softmax_parts` wires them.
 SOFTMAX_PART_INPUTS = {"reducemax": ("x",), "sub": ("x", "reducemax"), "exp": ("sub",), "reducesum": ("exp",),

@@ -37,10 +37,10 @@ class Target:
     max_opset: int | None
     max_ir_version: int | None
     raw: dict[str, Any]
-    # op -> the only input indices that may be int16 (MatMul: input 1 never, x5_op_facts S8)
+    # op -> the only input indices that may be int16 (MatMul: input 1 never, docs/hb_rules/ops.md S8)
     int16_inputs: dict[str, frozenset[int]] = field(default_factory=dict)
     # op -> ((attribute, limit), ...): the output is int8 only when a value of the attribute
-    # exceeds its limit (dilated Conv, x5_op_facts S1)
+    # exceeds its limit (dilated Conv, docs/hb_rules/ops.md S1)
     int8_output_only: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     # When hb_mapper sets a Conv's int16 input back to int8 at quantization (bayes-e, measured):
     # {"depthwise_max_stride": n, "int32_output_max_taps": n}; empty: never

@@ -1,13 +1,13 @@
 """Read hb_mapper's ``*_calibrated_model.onnx``: every ``HzCalibration`` node as a frozen value.
 
-Format (hb_quantizer_facts section 4.1, src 24364465367 / 24573545063 / 24271918369): one node per
+Format (docs/hb_rules/quantizer.md §4.1, src 24364465367 / 24573545063 / 24271918369): one node per
 quantized tensor, op type ``HzCalibration`` (domain ``horizon``), one data input, its output the
 fake-quantized tensor (``switch == "ON"``) or the tensor unchanged (``"OFF"``). Names are
 ``<tensor>_HzCalibration`` for activations and ``<weight>_<consumer>_HzCalibration`` for weights.
 Attributes read here: ``thresholds`` (1 value: per tensor; C: per channel along ``axis``; 2 on a
 uint8 node: [min, max]), ``qtype`` (``int8`` when absent), ``axis`` (default 1), ``switch``,
 ``constant``, ``dequantize_scale`` (an equalized Conv input: quantize with the channel scales,
-dequantize with this one value, facts 1.5) and ``group``. Every other attribute (``quant_attrs``,
+dequantize with this one value, docs/hb_rules/quantizer.md §1.5) and ``group``. Every other attribute (``quant_attrs``,
 ``cali_attrs``, ``num_bins``, ``percentiles``, legacy ``bits``/``info_strings``...) is ignored, so a
 newer toolchain's extra fields do not break the reader. A malformed node is an error naming it.
 
@@ -34,7 +34,7 @@ from tuner.graph import Graph, Node
 
 OP = "HzCalibration"
 SUFFIX = "_HzCalibration"
-#: Integer grids a calibration node can fake-quantize to, and their largest level (facts 1.1).
+#: Integer grids a calibration node can fake-quantize to, and their largest level (docs/hb_rules/quantizer.md §1.1).
 QMAX = {"int8": 127, "int16": 32767, "uint8": 255}
 
 
@@ -273,7 +273,8 @@ def _check_channels(n: HzNode, shape: tuple[int | None, ...] | None) -> None:
 def _check_weight_channels(n: HzNode, user: Node, dims: tuple[int, ...]) -> None:
     """A weight's per-channel thresholds are one per output channel of its consumer: Conv
     ``[Cout, Cin/g, k...]`` along axis 0, ConvTranspose ``[Cin, Cout/g, k...]`` g * Cout/g of them
-    (facts 1.7). Without this, a mismatch would leave the simulation on tuner's max |w| unsaid."""
+    (docs/hb_rules/quantizer.md §1.7). Without this, a mismatch would leave the simulation on tuner's max |w|
+    unsaid."""
     if not n.per_channel or len(dims) < 2:
         return
     if user.op_type == "Conv":
@@ -291,7 +292,7 @@ class HbGraph:
     """The graph hb_mapper calibrated (its optimized graph: the calibrated model without its
     calibration nodes), for addressing its tensors to tuner's.
 
-    hb_mapper's optimizer renames and adds tensors (hb_quantizer_facts 4.1, and the real 1.24.3
+    hb_mapper's optimizer renames and adds tensors (docs/hb_rules/quantizer.md §4.1, and the real 1.24.3
     files): a model output ``<out>`` is written as ``<out>_before`` and its calibration node writes
     ``<out>``; a ReduceMean over H, W becomes a GlobalAveragePool of the same name writing
     ``<name>_output``; ``Where`` becomes ``<name>_cast``, ``<name>_equal``, ``<name>_mul_x``, ... on
@@ -424,7 +425,8 @@ def map_to_graph(cal: CalibratedModel, graph: Graph, onnx_model: onnx.ModelProto
     unmapped: list[Unmapped] = []
     renamed: dict[str, str] = {}
     folded: dict[str, np.ndarray] = {}
-    # Conv nodes reading an equalized input: their weights were pre-scaled by hb_mapper (facts 1.5)
+    # Conv nodes reading an equalized input: their weights were pre-scaled by hb_mapper
+    # (docs/hb_rules/quantizer.md §1.5)
     # and tuner's simulation takes thresholds of the pre-scaled weight
     eq_outputs = {n.output for n in cal.nodes if n.dequantize_scale is not None}
     equalized = {hn.name for hn in hb.nodes if any(t in eq_outputs for t in hn.input)}

@@ -434,7 +434,7 @@ def _range_findings(name: str, acc: _Acc, config: HbConfig, proto) -> list[Findi
     node_hint = (f"node_info {{{', '.join(repr(n) + ': {InputType: int16}' for n in nodes)}}}" if nodes
                  else "node_info InputType: int16 on the first nodes")
     # hb_mapper applies per-channel activation scales only on Conv inputs (by equalization,
-    # hb_quantizer_facts 1.5; tuner.simulate.scales): per_channel helps an input only Convs read.
+    # docs/hb_rules/quantizer.md §1.5; tuner.simulate.scales): per_channel helps an input only Convs read.
     readers = sorted({n.op_type for n in proto.graph.node if name in n.input})
     conv_only = readers == ["Conv"]
     severity = INFO if config.per_channel and conv_only else WARNING

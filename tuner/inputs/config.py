@@ -24,7 +24,7 @@ STR, BOOL, INT, FLOAT, DICT = "str", "bool", "int", "float", "dict"
 NUMSTR = "numstr"
 NODEINFO = "node_info"
 
-#: Every key hb_mapper's schema accepts, per section, with its type (reference sections 3-8).
+#: Every key hb_mapper's schema accepts, per section, with its type (docs/hb_rules/config.md §4).
 SCHEMA: dict[str, dict[str, str]] = {
     "model_parameters": {
         "onnx_model": STR, "caffe_model": STR, "prototxt": STR, "march": STR,
@@ -233,7 +233,7 @@ _OPTYPE_OPTION = re.compile(r"set_[A-Z][A-Za-z0-9]*_(input|output)_int(8|16)")
 
 def _check_optimization(path: Path, option: str) -> None:
     """hb_mapper's parser passes optimization through; horizon_nn fails on an unknown option at build time
-    (hb_mapper_config.md §6.3): refuse it here, with a did-you-mean."""
+    (docs/hb_rules/config.md §5): refuse it here, with a did-you-mean."""
     if option in OPTIMIZATIONS or _OPTYPE_OPTION.fullmatch(option):
         return
     close = difflib.get_close_matches(option, OPTIMIZATIONS, n=1, cutoff=0.6)

@@ -62,7 +62,8 @@ def _image_kind(head: bytes) -> str | None:
     return None
 
 
-#: what hb_mapper reads from cal_data_dir with preprocess_on (reference 6: jpg/png; its image reader also takes bmp)
+#: what hb_mapper reads from cal_data_dir with preprocess_on (docs/hb_rules/config.md §4: jpg/png;
+#: its image reader also takes bmp)
 PREPROCESS_ON_IMAGES = ("a JPEG image", "a PNG image", "a BMP image")
 
 

@@ -1,6 +1,6 @@
 """Horizon's ops in hb_mapper's ``*_calibrated_model.onnx`` as plain ONNX, for onnxruntime.
 
-hb_quantizer_facts 4.2: the fused activations ``HzSwish``, ``HzHardSwish``, ``HzMish``, ``HzGelu``
+docs/hb_rules/quantizer.md §4.2: the fused activations ``HzSwish``, ``HzHardSwish``, ``HzMish``, ``HzGelu``
 get float stand-ins; ``HzPreprocess`` is an identity (tuner feeds the data already normalized as
 the YAML says); any other Horizon op is an error naming it. A calibration node becomes what the
 caller asks (tuner.toolchain.calibrated_run: fake quantization) or an identity; an equalized

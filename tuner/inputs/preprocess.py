@@ -1,7 +1,7 @@
 """Calibration files from images with the user's own preprocessing, and the check that they match.
 
 hb_mapper reads ``cal_data_dir`` as raw ``numpy.tofile`` dumps of ``cal_data_type`` in the
-input's training format and shape, *before* the YAML's mean/scale (reference section 5.3).
+input's training format and shape, *before* the YAML's mean/scale (docs/hb_rules/config.md §6).
 The user's training preprocessing is the only reliable way to get there, so it is given as a
 callable (``module:function`` or ``path/to/file.py:function``) taking an image path and
 returning that tensor.

@@ -3,9 +3,9 @@
 One role: given a way to score a method (or one node under a method), pick what horizon_nn
 1.1.0 (the X5 quantizer) would pick. Running models is the caller's (``Simulator``); this module
 only orders, compares and stops, so every rule here can be read against its source
-(ids of ``shared/reference/hb_quantizer_facts.md``, "facts" below).
+(docs/hb_rules/quantizer.md and its source ids; "quantizer.md §N" below).
 
-``default`` [facts 2.1-2.2; src 24313449169 InferThresholds, 24131963830 ModelWiseSearch]:
+``default`` [quantizer.md §2.1-2.2; src 24313449169 InferThresholds, 24131963830 ModelWiseSearch]:
 
 1. stage 1: per-tensor symmetric ``max``, ``max-percentile`` 0.99995 and ``kl``; if the best
    score reaches ``SIMILARITY_TARGET`` (0.995) the search stops: per-channel thresholds are never
@@ -13,20 +13,20 @@ only orders, compares and stops, so every rule here can be read against its sour
 2. otherwise the per-channel and asymmetric variants join: 12 methods in all, and the best of
    all of them is selected (``Select <method> method.``).
 
-The score [facts 2.2; src 24444917129, 24395647999, 24304915993]: cosine per output per sample
+The score [quantizer.md §2.2; src 24444917129, 24395647999, 24304915993]: cosine per output per sample
 (each flattened; ``dot / (max(|a|, 1e-8) max(|b|, 1e-8))``, see :func:`search_cosine`), averaged
 over samples, then over outputs; on ``calibration_dataset.get_data()``.
 That the data are the *first* ``DEFAULT_SEARCH_SAMPLES = 1`` calibration sample is **inferred**
-(strongly, facts 2.2): the type hint of ``get_data`` is one array per input, the same call feeds
+(strongly, quantizer.md §2.2): the type hint of ``get_data`` is one array per input, the same call feeds
 the one-shot forward of the final report, and the docs say the search uses the first sample.
-A per-channel method is scored as horizon_nn scores it [facts 1.5: "during default's comparison
+A per-channel method is scored as horizon_nn scores it [quantizer.md §1.5: "during default's comparison
 the per-channel candidates are evaluated without equalization"]: plain per-channel fake quant on
 every calibration node and unscaled max-calibrated weights (``qdq.build_sim_model(...,
 plain_per_channel=True)``), not the equalization it deploys, so the method chosen can deploy worse
 than it scored. Ties keep the alphabetical order of the method strings (``kl...`` < ``max`` < ``max-percentile...``
 < ``max:...``); NaN scores go last.
 
-``mix`` [facts 2.3; src 24273942193 MixCalibrater]: the base is the best of the three stage-1
+``mix`` [quantizer.md §2.3; src 24273942193 MixCalibrater]: the base is the best of the three stage-1
 methods by the same score; under the base, each calibration node's sensitivity is the output
 cosine of the model with *only that node* quantized (every other node and the weights float), on
 one sample (``data_num=1``); nodes below ``MIX_SENSITIVE_BELOW`` (0.999) are sensitive and each
@@ -46,11 +46,11 @@ from tuner.candidate import Calibration
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import Scale, Scales
 
-#: ``modelwise_search.similarity`` of ``default`` [facts 2.1; src 24160279619, log 49159607575]:
+#: ``modelwise_search.similarity`` of ``default`` [quantizer.md §2.1; src 24160279619, log 49159607575]:
 #: stage 1 stops when its best score reaches it.
 SIMILARITY_TARGET = 0.995
 #: Calibration samples the model-wise comparison (and mix's ranking) runs on. **Inferred**, strongly
-#: [facts 2.2; src 24131963830, 24313449169 call ``calibration_dataset.get_data()``]: one sample.
+#: [quantizer.md §2.2; src 24131963830, 24313449169 call ``calibration_dataset.get_data()``]: one sample.
 DEFAULT_SEARCH_SAMPLES = 1
 #: Samples of mix's per-node sensitivity (``get_sensitivity_of_nodes(..., data_num=1)``) [src 24273942193].
 MIX_SENSITIVITY_SAMPLES = 1
@@ -62,7 +62,7 @@ NORM_FLOOR = 1e-8
 #: Stage 1 of default, and mix's three candidates, in the order mix's source lists them
 #: (``max``, ``max-percentile`` 0.99995, ``kl``; src 24273942193).
 PER_TENSOR_METHODS = (Calibration("max"), Calibration("max", 0.99995), Calibration("kl"))
-#: Stage 2 of default: the per-channel and asymmetric variants (9; 12 with stage 1) [facts 2.1].
+#: Stage 2 of default: the per-channel and asymmetric variants (9; 12 with stage 1) [quantizer.md §2.1].
 VARIANT_METHODS = tuple(replace(m, per_channel=pc, asymmetric=asym) for m in PER_TENSOR_METHODS
                         for pc in (False, True) for asym in (False, True) if pc or asym)
 DEFAULT_METHODS = PER_TENSOR_METHODS + VARIANT_METHODS
@@ -73,7 +73,7 @@ def search_cosine(a: np.ndarray, b: np.ndarray) -> float:
     dot / (max(|a|, 1e-8) * max(|b|, 1e-8)) (horizon_nn ``Loss.CosineSimilarity``, src 24304915993,
     called by ``calculate_models_similarities``, src 24395647999).
 
-    Not the ``(dot + 1e-5) / (|a||b| + 1e-5)`` of facts 4.3: that one is the cosine of the printed
+    Not the ``(dot + 1e-5) / (|a||b| + 1e-5)`` of quantizer.md §4.3: that one is the cosine of the printed
     per-node and output tables (src 24861267739). The two agree to ~1e-5 / (|a||b|) on any real
     output; they differ for an all-zero output (0 here, 1 there). NaN when a value is not finite
     (such a method is ranked last, not raised on)."""
@@ -89,8 +89,8 @@ def search_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def search_score(references: Sequence[dict[str, np.ndarray]], outputs: Sequence[dict[str, np.ndarray]]) -> float:
     """The model-wise score of one method: cosine per output per sample, mean over the samples,
-    then mean over the outputs (``Loss._run_dict``) [facts 2.2, src 24304915993]. ``references[i]`` and ``outputs[i]``
-    map output names to sample i's float and simulated values."""
+    then mean over the outputs (``Loss._run_dict``) [quantizer.md §2.2, src 24304915993].
+    ``references[i]`` and ``outputs[i]`` map output names to sample i's float and simulated values."""
     if not references:
         raise ValueError("no samples to score on")
     names = list(references[0])
@@ -100,7 +100,7 @@ def search_score(references: Sequence[dict[str, np.ndarray]], outputs: Sequence[
 
 def rank(scores: dict[Calibration, float]) -> list[Calibration]:
     """Methods best first, as ``compare_calibration_methods`` sorts them: by score, ties in the
-    alphabetical order of their method strings, NaN last [facts 2.2]."""
+    alphabetical order of their method strings, NaN last [quantizer.md §2.2]."""
     def key(m: Calibration) -> tuple[bool, float, str]:
         s = scores[m]
         return (math.isnan(s), -s if not math.isnan(s) else 0.0, m.describe())
@@ -169,7 +169,7 @@ class MixedCalibration:
     ranking: tuple[tuple[Calibration, float], ...] = field(default=(), compare=False)   # step 1: the 3 methods
 
     type = "mix"
-    per_channel = False       # mix never tries per-channel or asymmetric methods [facts 2.3]
+    per_channel = False       # mix never tries per-channel or asymmetric methods [quantizer.md §2.3]
     asymmetric = False
 
     @property
@@ -219,7 +219,7 @@ class MixedCalibration:
 def choose_mix(score: Callable[[Calibration], float], nodes: Iterable[str],
                node_score: Callable[[str, Calibration], float],
                threshold: float = MIX_SENSITIVE_BELOW) -> MixedCalibration:
-    """``mix`` as MixCalibrater runs it [facts 2.3; src 24273942193].
+    """``mix`` as MixCalibrater runs it [quantizer.md §2.3; src 24273942193].
 
     ``score(method)``: the model-wise score (as for default); ``node_score(tensor, method)``: the
     output cosine with only that calibration node quantized, under ``method``.

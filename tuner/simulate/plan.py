@@ -259,7 +259,7 @@ def make_plan(graph: Graph, target: Target, candidate: Candidate) -> Plan:
                 elif is16(tensor) and node.op_type in THROUGH_SAME_SCALE:
                     calibrated[(node.name, k)] = (tensor, INT16)   # a Resize: int16 until quantization
                 if dtype == INT8 and s.input_dtype(k) == INT16 and not target.int16_input(node.op_type, k):
-                    # hb_mapper's own warning (x5_op_facts section 3, S8)
+                    # hb_mapper's own warning (docs/hb_rules/ops.md §3, S8)
                     notes.append(f"The input{k} of Node(name:{node.name}, type:{node.op_type}) does not "
                                  f"support data type: int16 (on {target.march}; stays int8, as hb_mapper "
                                  "falls back)")
@@ -512,7 +512,7 @@ class _Rules:
     def emits16(self, node: Node) -> bool:
         """Whether the tensor a BPU node writes may be int16: the node and, at the end of a fusion
         group, the group's head (a ConvTranspose+Relu or dilated Conv+Relu group leaves in int8).
-        A chain of LUT ops is one table, whose int16 form exists (HzLut2Layer, x5_op_facts S7):
+        A chain of LUT ops is one table, whose int16 form exists (HzLut2Layer, docs/hb_rules/ops.md S7):
         only its last op counts."""
         group = self.group.get(node.name)
         head = group[0] if group and group[-1].name == node.name else node

@@ -86,7 +86,7 @@ def equalized_weight(w: np.ndarray, ratio: np.ndarray, group: int,
                      thresholds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """hb_mapper's activation equalization of a Conv whose input has channel scales s_c.
 
-    ``ActivationEqualization`` (hb_quantizer_facts 1.5, src 24558990649 / 24271918369) multiplies the
+    ``ActivationEqualization`` (docs/hb_rules/quantizer.md §1.5, src 24558990649 / 24271918369) multiplies the
     Conv weight along its input-channel axis by ``ratio_c = s_c / max(s)``, quantizes the input with
     the channel scales and dequantizes it with ``max(s)``; the weights are calibrated afterwards, on the
     scaled weights (per output channel). Returns (the weight the float Conv must use so that it
@@ -104,7 +104,7 @@ def equalized_weight(w: np.ndarray, ratio: np.ndarray, group: int,
 def grouped_deconv_weight(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """A grouped ConvTranspose weight [Cin, Cout/g, k...], int8 per output channel as hb_mapper
     calibrates it: reshaped to (g, Cin/g, Cout/g, k...) first, so each of the g * Cout/g output
-    channels has its own threshold (hb_quantizer_facts 1.7, src 25011497354), not one per Cout/g
+    channels has its own threshold (docs/hb_rules/quantizer.md §1.7, src 25011497354), not one per Cout/g
     column shared by every group. Returns (fake-quantized weight, scales in output-channel order)."""
     cin, cout_g = w.shape[:2]
     v = w.reshape((group, cin // group, cout_g) + w.shape[2:])
@@ -298,7 +298,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     """The simulated model of ``plan``; ``extra_outputs`` exposes intermediate tensors (for per-node tables).
 
     ``plain_per_channel``: the model ``default``'s comparison scores a per-channel method on
-    (hb_quantizer_facts 1.5: "during default's comparison the per-channel candidates are evaluated
+    (docs/hb_rules/quantizer.md §1.5: "during default's comparison the per-channel candidates are evaluated
     without equalization"): every quantization point with channel thresholds fake-quantizes per
     channel (axis 1) and dequantizes per channel, and weights are max-calibrated unscaled. The
     deployed model (the default, False) has channel scales only in front of a Conv, by equalization.

@@ -2,7 +2,7 @@
 
 :class:`RealScales` has the interface of :class:`~tuner.simulate.scales.ScaleTable` (``get``,
 ``threshold``, ``stats``, ``calibration``) so that :func:`~tuner.simulate.qdq.build_sim_model` takes it
-as it is. Per tensor it uses the tensor's ``HzCalibration`` node (hb_quantizer_facts 4.1-4.2):
+as it is. Per tensor it uses the tensor's ``HzCalibration`` node (docs/hb_rules/quantizer.md §4.1-4.2):
 
 * scale = threshold / qmax(qtype); several thresholds are per channel (axis 1), used as such on an
   equalized Conv input (``channel=True``) and with ``dequantize_scale`` as the one dequantization
@@ -52,7 +52,8 @@ class RealCalibration:
 
 
 def refine(t: float) -> float:
-    """hb_mapper's RefineThreshold (facts 1.8): a threshold <= 0 becomes 1.0, inf float32's max."""
+    """hb_mapper's RefineThreshold (docs/hb_rules/quantizer.md §1.8): a threshold <= 0 becomes 1.0, inf float32's
+    max."""
     if not t > 0:
         return 1.0
     return min(t, float(np.finfo(np.float32).max))

@@ -3,7 +3,7 @@
 Every method is a cheap function of the one-pass statistics (``tuner.calib``), so switching
 method costs no data pass. Thresholds are memoised per (tensor, method, dtype).
 
-Two of hb_mapper's rules live here (hb_quantizer_facts section 1, read from horizon_nn's source):
+Two of hb_mapper's rules live here (docs/hb_rules/quantizer.md §1, read from horizon_nn's source):
 
 * **per_channel** activation scales exist only on the tensors hb's C++ selects (a Conv's output or a model
   input read only by Convs, lowered Muls and residual Adds, H x W >= 10, largest channel maximum >= 16:
@@ -57,7 +57,7 @@ class Scale:
     @property
     def dequantize_scale(self) -> float:
         """The single scale an equalized Conv input is dequantized with: the largest channel's
-        (HzCalibration's ``dequantize_scale``, hb_quantizer_facts 4.1), unless given."""
+        (HzCalibration's ``dequantize_scale``, docs/hb_rules/quantizer.md §4.1), unless given."""
         return float(self.dequant) if self.dequant is not None else float(np.max(self.scale))
 
 

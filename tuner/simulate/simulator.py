@@ -98,7 +98,7 @@ class Simulator:
     """Evaluates candidates of one model on one data set. Not thread-safe; one per process.
 
     ``data`` is the evaluation set. ``calibration_data`` is where ``default`` and ``mix`` choose
-    their methods, as hb_mapper does (on the calibration set, facts 2.2): only its first
+    their methods, as hb_mapper does (on the calibration set, docs/hb_rules/quantizer.md §2.2): only its first
     ``DEFAULT_SEARCH_SAMPLES`` samples are read, once, when a search first needs them. Without it
     (None) the first evaluation sample stands in.
     """
@@ -271,7 +271,8 @@ class Simulator:
         # hmct compares the methods on its calibrated model, whose table ops are the graph's float ops (a
         # HardSigmoid keeps its alpha: Plan.bpu_tables)
         plan = dataclasses.replace(self.plan(candidate), bpu_tables=False)
-        # a per-channel method is compared as plain per-channel fake quant, not as deployed (facts 1.5)
+        # a per-channel method is compared as plain per-channel fake quant, not as deployed
+        # (docs/hb_rules/quantizer.md §1.5)
         session = self._session(candidate.with_calibration(method), method, plan, [], plain=method.per_channel)
         names = self.model.output_names
         outs = [dict(zip(names, session.run(names, x))) for x in samples]

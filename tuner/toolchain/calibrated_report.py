@@ -33,7 +33,8 @@ from tuner.inputs.calibrated import (
 from tuner.inputs.realmatch import address, load_thresholds
 from tuner.toolchain.calibrated_run import PcCheck, check_on_pc
 
-#: default's max-percentile candidate (facts 2.1), used as "the" percentile when the YAML names none
+#: default's max-percentile candidate (docs/hb_rules/quantizer.md §2.1), used as "the" percentile when the YAML
+#: names none
 DEFAULT_PERCENTILE = 0.99995
 #: thresholds within this relative distance count as the same
 SAME = 1e-3
@@ -162,7 +163,7 @@ class CalibratedReport:
         if self.percentile is not None:
             p = self.percentile
             lines += ["", f"max_percentile {p.percentile!r}: kernel p' = {p.kernel_percentile:.6g} with N = {p.samples} "
-                          "sample(s) (hb_quantizer_facts 1.3)",
+                          "sample(s) (docs/hb_rules/quantizer.md §1.3)",
                       table(["Tensor", "Threshold real", "pooled p-quantile", "kernel k-th largest", "closer"],
                             [[r.tensor, f(r.real), f(r.pooled), f(r.kernel), r.better] for r in p.rows]),
                       f"pooled reading closer on {p.pooled_wins} tensor(s) (median |log ratio| "
@@ -303,8 +304,8 @@ def build_report(ws, cal: CalibratedModel, run_pc: bool = True, reading: bool = 
     if reading and yaml_cal.max_percentile is not None:
         report.percentile = percentile_reading(ws, mapped, yaml_cal.max_percentile)
     elif reading:
-        report.notes.append("percentile reading (hb_quantizer_facts 1.3) not checked: the YAML's calibration is not "
-                            "max with max_percentile < 1")
+        report.notes.append("percentile reading (docs/hb_rules/quantizer.md §1.3) not checked: the YAML's calibration "
+                            "is not max with max_percentile < 1")
     if run_pc:
         report.pc_check = check_on_pc(cal, ws.model.proto, ws.eval_data, ws.threads)
     return report

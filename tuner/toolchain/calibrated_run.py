@@ -1,6 +1,6 @@
 """Run hb_mapper's ``*_calibrated_model.onnx`` in plain onnxruntime, without Horizon's runtime.
 
-hb_quantizer_facts 4.2: each ``HzCalibration`` node becomes the equivalent fake quantization
+docs/hb_rules/quantizer.md §4.2: each ``HzCalibration`` node becomes the equivalent fake quantization
 (tuner's FakeQuant node, or QuantizeLinear/DequantizeLinear): switch OFF or a non-integer qtype is
 an identity (float16: a round trip through float16); scale = threshold / qmax(qtype) per entry of
 ``thresholds`` along ``axis``; uint8 is [0, T] with zero point 0, or [min, max]; a node with
@@ -50,7 +50,7 @@ def _fake_quant(hz: WithInput, inits: list[TensorProto], fused: bool) -> list[on
     if s.dequant is None:
         dq = helper.make_node("DequantizeLinear", [f"{base}__q", f"{base}__scale", f"{base}__zp"], [hz.output],
                               name=f"{base}__DQ", domain=MS, **axis)
-    else:   # quantize per channel, dequantize with the one value (facts 4.2)
+    else:   # quantize per channel, dequantize with the one value (docs/hb_rules/quantizer.md §4.2)
         inits.append(numpy_helper.from_array(np.array(s.dequant, np.float32), f"{base}__dqscale"))
         inits.append(numpy_helper.from_array(np.zeros((), zp.dtype), f"{base}__dqzp"))
         dq = helper.make_node("DequantizeLinear", [f"{base}__q", f"{base}__dqscale", f"{base}__dqzp"], [hz.output],

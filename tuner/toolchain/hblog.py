@@ -1,4 +1,4 @@
-"""Read hb_mapper makertbin's conversion log (reference section 9.1) into typed records.
+"""Read hb_mapper makertbin's conversion log (docs/hb_rules/config.md §7) into typed records.
 
 What the log holds and tuner uses: the per-node table (``Node ON Subgraph Type Cosine
 Similarity Threshold DataType``; older builds print ``In/Out DataType`` such as
@@ -16,7 +16,7 @@ builds head the output table ``Node`` instead of ``Output`` and spell the succes
 that cannot be read is skipped with a warning naming its line, never merged with the next.
 A log holding several conversions is read from its last one.
 
-The exact text of the int16 fall-back message is not documented (reference 4.4); lines that
+The exact text of the int16 fall-back message is not documented (docs/hb_rules/ops.md §3); lines that
 mention int16 together with a fall-back phrase are taken as refusals. The reliable evidence
 is the table itself: a node asked for int16 whose DataType column shows no int16 was
 refused, and :mod:`tuner.toolchain.compare` derives refusals that way.

@@ -25,7 +25,7 @@ from tuner.toolchain.hblog import HbLog
 #: How many calibration samples hb_mapper's printed tables are computed on. Inferred, not seen:
 #: the reporter (file id 24226422292) runs ``calibration_dataset.get_data()``, which the model
 #: builder (24861267739) passes on; that is most likely the first sample (see
-#: shared/reference/hb_quantizer_facts.md 4.3 and row 10 of section 6).
+#: docs/hb_rules/quantizer.md §4.3).
 LOG_SAMPLES = 1
 
 #: What the compared "sim" figures are, said in the reports.
