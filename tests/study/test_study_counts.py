@@ -69,7 +69,7 @@ def counted(tmp_path, monkeypatch):
 
     def counting_open(file: object, mode: str = "r", *a: object, **k: object) -> object:
         if isinstance(file, (str, Path)) and "b" in mode and "r" in mode:
-            c.read(file, "read")
+            c.read(file, "bytes")
         return real_open(file, mode, *a, **k)  # type: ignore[call-overload]
 
     onnx_load = onnx.load

@@ -87,10 +87,11 @@ def search(args: argparse.Namespace) -> int:
     # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from tuner.study.join import preflight
-    preflight(args.space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
-    if not _data_ok(args.space):
-        return 2
-    search = StudySession.open(args.space, args.study, args.storage, args.results_dir, args.threads)
+    from tuner.study.space import load_space
+
+    space = load_space(args.space)          # read once: the name, the data check and the study use it
+    preflight(space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
+    search = StudySession.open(space, args.study, args.storage, args.results_dir, args.threads, check=_data_check)
     search.heartbeat, search.max_retry = args.heartbeat, args.max_retry
     st = search.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
@@ -152,22 +153,19 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_ok(space_path: str) -> bool:
-    """The brief data check at the start of a search: errors stop it, warnings are listed."""
+def _data_check(config: Any, model: Any) -> None:
+    """The brief data check at the start of a search, on the YAML and model as loaded: errors
+    stop it (one line, exit 2), warnings are listed."""
     from tuner.inputs.checks import check_data, format_report
-    from tuner.study.space import load_space
 
-    space = load_space(space_path)
-    report = check_data(space.base)
+    report = check_data(config.path, loaded=(config, model))
     if report.exit_code() == 2:
         print(format_report(report), file=sys.stderr)
-        print("tuner: error: the calibration data are unusable (see above); fix them or run 'tuner check-data "
-              f"{space.base}'", file=sys.stderr)
-        return False
+        raise TunerError("the calibration data are unusable (see above); fix them or run 'tuner check-data "
+                         f"{config.path}'")
     for f in report.findings:
         if f.severity != "info":
             print(f"data {f.severity}: {f.message}", file=sys.stderr)
-    return True
 
 
 def print_summary(study: Any, paths: Any) -> None:

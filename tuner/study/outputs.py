@@ -16,6 +16,7 @@ import io
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,16 +62,37 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
                           best_number=None if chosen is None else chosen.number)
 
 
+@dataclass(frozen=True)
+class Exporter:
+    """What writing a trial's YAML needs of a study's problem, as a value (no session)."""
+
+    base_path: Path
+    base_raw: Mapping[str, Any]
+    node_info_supported: bool
+    node_names: frozenset[str]
+    provenance: Mapping[str, str]        # study name and the input fingerprints, for the header
+    objectives: Objectives
+
+    def __call__(self, row: results.Row, out: Path, comments: tuple[str, ...] = (), margins: bool = True) -> list[str]:
+        """Write ``row``'s YAML to ``out``; ``margins``: each constraint's margin in its header."""
+        more = results.margin_comments(row, self.objectives) if margins else ()
+        return export_trial(row, out, self.base_path, self.node_info_supported, set(self.node_names),
+                            dict(self.provenance), tuple(comments) + more, base_raw=self.base_raw)
+
+
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
-                 node_names: set[str] | None, provenance: dict[str, str], comments: tuple[str, ...] = ()) -> list[str]:
+                 node_names: set[str] | None, provenance: Mapping[str, str], comments: tuple[str, ...] = (),
+                 base_raw: Mapping[str, Any] | None = None) -> list[str]:
     """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
     go into the header after the figures (closest.yaml says what it misses, best_minimal.yaml
-    what it kept)."""
-    if not base_path.is_file():
-        raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
-    base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+    what it kept). ``base_raw``: the base YAML as already parsed (else read from ``base_path``)."""
+    if base_raw is None:
+        if not base_path.is_file():
+            raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields "
+                             "are kept)")
+        base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
     rec = row.trial_record
-    cfg, notes = merged_config(base_raw, base_path, rec.candidate, out, node_info_supported)
+    cfg, notes = merged_config(dict(base_raw), base_path, rec.candidate, out, node_info_supported)
     check_rules(cfg, out, node_names)
     header = [f"# hb_mapper makertbin config exported by tuner {__version__} from study {provenance.get('study')!r}, "
               f"trial {row.number}",
@@ -80,8 +102,17 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
     header += [f"# {c}" for c in comments]
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
-    write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
+    write_if_changed(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
     return notes
+
+
+def write_if_changed(out: Path, text: str, protect: tuple[Path, ...] = ()) -> bool:
+    """:func:`write_atomic` unless ``out`` already holds ``text``; whether it wrote."""
+    if out.is_file() and not any(p.exists() and out.resolve() == p.resolve() for p in protect) \
+            and out.read_text(encoding="utf-8") == text:
+        return False
+    write_atomic(out, text, protect=protect)
+    return True
 
 
 def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = None,
