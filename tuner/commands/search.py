@@ -275,8 +275,8 @@ def status(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     from tuner.files import check_writable
+    from tuner.study.outcome import read_outcome
     from tuner.study.outputs import export_trial
-    from tuner.study.results import rows
     from tuner.study.storage import open_existing, study_info
     from tuner.toolchain.verify import best_real
 
@@ -289,7 +289,8 @@ def export(args: argparse.Namespace) -> int:
         check_writable(Path(args.out).parent, "the exported YAML")
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     info = study_info(study)
-    rs = rows(study)
+    found = read_outcome(study, info.objectives)
+    rs = list(found.rows)
     if args.trial is not None:
         match = [r for r in rs if r.number == args.trial]
         if not match:
@@ -297,20 +298,16 @@ def export(args: argparse.Namespace) -> int:
                              f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
         row = match[0]
     elif args.by == "real":
-        found = best_real(study, info.mode, info.objectives.min_accuracy)
-        if found is None:
+        real = best_real(study, info.mode, info.objectives.min_accuracy)
+        if real is None:
             raise TunerError(f"study {study.study_name!r} has no trial with a real accuracy that meets the constraints; "
                              "run 'tuner verify' first, or export by the simulated figure")
-        row = found[0]
-        print(f"trial {row.number}: real accuracy {found[1].accuracy:.6f} ({found[1].accuracy_source})")
+        row = real[0]
+        print(f"trial {row.number}: real accuracy {real[1].accuracy:.6f} ({real[1].accuracy_source})")
     else:
-        from tuner.study.validation import choose_best, stored
-
-        picked, _ = choose_best(rs, stored(study), info.objectives)    # best.yaml's rule
+        picked = found.best     # best.yaml's rule
         if picked is None:
-            from tuner.study.results import closest
-
-            near = closest(rs, info.objectives)
+            near = found.closest
             raise TunerError(f"study {study.study_name!r} has no feasible completed trial to export yet"
                              + (f"; the closest is {near.text()}: tuner export {study.study_name} --trial "
                                 f"{near.row.number}" if near is not None else ""))

@@ -9,11 +9,11 @@ import optuna
 
 from tuner.candidate import Candidate
 from tuner.study import results
+from tuner.study.outcome import Outcome, read_outcome
 from tuner.study.outputs import Exporter
 from tuner.study.record import TrialRecord
 from tuner.study.scorer import Scorer
 from tuner.study.trim import Simplest, TrimResult, accuracy_floor, criterion, one_line_fixes, trim
-from tuner.study.validation import choose_best, stored
 
 
 class MinimalFix:
@@ -32,12 +32,12 @@ class MinimalFix:
     def modeled_latency(self, cand: Candidate) -> float:
         return self.scorer.modeled_latency(cand)
 
-    def simplest(self, study: optuna.Study) -> Simplest | None:
+    def simplest(self, study: optuna.Study, found: Outcome | None = None) -> Simplest | None:
         """best.yaml's trial trimmed to the decisions the floor needs, and the one-line fixes
         (:mod:`tuner.study.trim`); None before a feasible trial exists. The trim is redone only
         when the best trial changes."""
-        rs = results.rows(study)
-        top, _ = choose_best(rs, stored(study), self.scorer.objectives)     # best.yaml's trial
+        found = found if found is not None else read_outcome(study)
+        rs, top = list(found.rows), found.best     # best.yaml's trial
         if top is None or top.trial is None:
             return None
         r = self.scorer.resolved
@@ -54,13 +54,13 @@ class MinimalFix:
         """What :meth:`simplest` found last (the end of the search wrote best_minimal.yaml from it)."""
         return self._last
 
-    def write(self, study: optuna.Study) -> Simplest | None:
+    def write(self, study: optuna.Study, found: Outcome | None = None) -> Simplest | None:
         """Write results/<study>/best_minimal.yaml (best.yaml's trial trimmed, same header and
         checks as best.yaml); returns what the terminal and the report show."""
-        found = self.simplest(study)
-        if found is None:
+        simplest = self.simplest(study, found)
+        if simplest is None:
             return None
-        t = found.trim
+        t = simplest.trim
         row = results.Row(number=t.trial, trial_record=t.minimal, feasible=True, plan=None)
         kept = "; ".join(f"{k.change.describe()}" for k in t.kept) or "none"
         removed = "; ".join(c.describe() for c in t.removed) or "none"
@@ -68,4 +68,4 @@ class MinimalFix:
                     comments=(f"trimmed: keeps {len(t.kept)} of trial {t.trial}'s {t.decisions} decision(s) "
                                f"away from the base YAML ({t.criterion}); kept: {kept}",
                               f"removed (not needed for the criterion): {removed}"))
-        return found
+        return simplest

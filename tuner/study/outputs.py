@@ -28,10 +28,11 @@ from tuner import __version__
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.study import results
+from tuner.study.outcome import Outcome, Tracker, outcome, read_outcome
 from tuner.study.record import Objectives, TrialRecord, direction_name
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
-from tuner.study.validation import Validation, choose_best, stored
+from tuner.study.validation import Validation, stored
 from tuner.toolchain.records import RealRecord, real_records
 
 
@@ -46,19 +47,18 @@ class Output(Protocol):
 
 def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: dict[str, float] | None = None,
              traces: Callable[[list[results.Row], results.Row | None], list[Trace]] | None = None,
-             notes: list[str] | tuple[str, ...] = ()) -> ReportSnapshot:
-    """The report's view of ``study``; ``traces`` (given the rows and best.yaml's trial) when a
-    simulator is at hand."""
+             notes: list[str] | tuple[str, ...] = (), rows: list[results.Row] | None = None) -> ReportSnapshot:
+    """The report's view of ``study`` (its :class:`~tuner.study.outcome.Outcome`; ``rows`` when the
+    caller keeps them); ``traces`` (given the rows and best.yaml's trial) when a simulator is at hand."""
     info = study_info(study)
-    rs = results.rows(study, info.objectives)
-    vals = stored(study)
-    chosen, _ = choose_best(rs, vals, info.objectives)
+    found = read_outcome(study, info.objectives, rows)
+    rs, chosen = list(found.rows), found.best
     return ReportSnapshot(name=study.study_name, info=info, storage=storage,
                           directions=[direction_name(d) for d in study.directions],
-                          trials=study.get_trials(deepcopy=False), rows=rs, real=real_records(study),
+                          trials=study.get_trials(deepcopy=False), rows=rs, real=dict(found.real),
                           sensitivity=dict(sensitivity or {}), traces=traces(rs, chosen) if traces is not None and rs else [],
                           best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
-                          notes=list(notes), validations=vals,
+                          notes=list(notes), validations=dict(found.validations),
                           best_number=None if chosen is None else chosen.number)
 
 
@@ -204,6 +204,8 @@ class ResultFiles:
         :func:`tuner.study.validation.choose_best`."""
         self.paths, self.objectives, self.export, self.validate = paths, objectives, export, validate
         self.vals: dict[int, Validation] = {}
+        self.tracker = Tracker(objectives)     # the study's rows, each trial decoded once
+        self.outcome: Outcome | None = None    # as last computed
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
         self._last_front: list[tuple[float, float]] = []
         self._last_best: results.Row | None = None
@@ -247,20 +249,24 @@ class ResultFiles:
             self._csv_pending += 1
         if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
             if self._csv_due():
-                self._write_csv(results.rows(study, self.objectives), study)
+                self._write_csv(self.tracker.rows(study), study)
             return self._last_best
-        rows = results.rows(study, self.objectives)
-        front = results.pareto(rows)
-        best = results.best(rows, self.objectives.mode, self.objectives.floor)
+        rows = self.tracker.rows(study)
         comments: tuple[str, ...] = ()
-        if force and self.validate is not None and front:
-            self.vals = self.validate(study, list({r.number: r for r in front + ([best] if best else [])}.values()))
-            best, chosen_by = choose_best(rows, self.vals, self.objectives)
-            v = self.vals.get(best.number) if best is not None else None
-            if v is not None:
-                comments = (f"validation ({v.samples} sample(s) the search did not select on): {v.metric} "
-                            f"{v.accuracy:.6f}, worst sample {v.worst_sample:.6f}; chosen by the "
-                            f"{chosen_by} figure",)
+        if force and self.validate is not None and rows:
+            front = results.pareto(rows)
+            by_eval = results.best(rows, self.objectives.mode, self.objectives.floor)
+            if front:
+                self.vals = self.validate(study, list({r.number: r
+                                                       for r in front + ([by_eval] if by_eval else [])}.values()))
+        found = outcome(rows, self.objectives, self.vals)
+        self.outcome = found
+        front, best = list(found.front), found.best
+        v = self.vals.get(best.number) if best is not None and force and self.validate is not None else None
+        if v is not None:
+            comments = (f"validation ({v.samples} sample(s) the search did not select on): {v.metric} "
+                        f"{v.accuracy:.6f}, worst sample {v.worst_sample:.6f}; chosen by the "
+                        f"{found.chosen_by} figure",)
         self._last_front = [(r.accuracy, r.latency_ms) for r in front]
         self._last_best = best
         state = (best.number if best else None, tuple(r.number for r in front))
@@ -273,7 +279,7 @@ class ResultFiles:
             self.export(best, self.paths.best, comments=comments)
             self.paths.closest.unlink(missing_ok=True)     # a feasible answer replaces the closest one
         else:
-            self._write_closest(rows)
+            self._write_closest(found)
         self.paths.pareto.mkdir(parents=True, exist_ok=True)
         keep: set[str] = set()
         for r in front:
@@ -287,9 +293,9 @@ class ResultFiles:
         self._write_csv(rows, study)
         return best
 
-    def _write_closest(self, rows: list[results.Row]) -> None:
+    def _write_closest(self, result: Outcome) -> None:
         """closest.yaml while no trial meets the constraints: an answer, marked as one that misses."""
-        found = results.closest(rows, self.objectives)
+        found = result.closest
         if found is None:
             return
         self.export(found.row, self.paths.closest,

@@ -27,6 +27,7 @@ from tuner.study import results
 from tuner.study.minimal import MinimalFix
 from tuner.study.opening import AtFinish
 from tuner.study.orphans import reap
+from tuner.study.outcome import Outcome, read_outcome
 from tuner.study.outputs import Exporter, Output, ReportFile, ResultFiles, default_renderer, snapshot
 from tuner.study.problem import InputsCheck, Place, Problem, create_study, join_study, load_problem, sampler
 from tuner.study.record import (
@@ -271,7 +272,8 @@ class StudySession:
             drawn, skipped = self._draw_traces(rs, full, best)
             return drawn
 
-        snap = snapshot(study, self.paths, self._where(), self.sensitivity, draw)
+        snap = snapshot(study, self.paths, self._where(), self.sensitivity, draw,
+                        rows=self.result_files.tracker.rows(study))
         if not full and snap.rows and skipped:
             snap.notes.append("the per-node error along the graph is drawn at the end of the search and by "
                               f"'tuner report {self.name}' (it needs the simulator, which the search is using)")
@@ -324,8 +326,12 @@ class StudySession:
             self._minimal = MinimalFix(self.scorer, self.exporter, self.paths.best_minimal)
         return self._minimal
 
+    def outcome(self, study: optuna.Study) -> Outcome:
+        """The study's outcome from the rows this process keeps (:mod:`tuner.study.outcome`)."""
+        return read_outcome(study, self.objectives, self.result_files.tracker.rows(study))
+
     def simplest(self, study: optuna.Study) -> Simplest | None:
-        return self.minimal.simplest(study)
+        return self.minimal.simplest(study, self.outcome(study))
 
     def score(self, study: optuna.Study, cand: Candidate) -> TrialRecord:
         return self.minimal.score(study, cand)
@@ -338,7 +344,7 @@ class StudySession:
         return self.minimal.last
 
     def write_minimal(self, study: optuna.Study) -> Simplest | None:
-        return self.minimal.write(study)
+        return self.minimal.write(study, self.outcome(study))
 
     @property
     def exporter(self) -> Exporter:
