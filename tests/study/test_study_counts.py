@@ -144,3 +144,16 @@ def test_a_16_trial_search_reads_its_inputs_once_and_rewrites_only_what_changed(
                "pareto files written": fronts}
     with capsys.disabled():
         print("\nsearch counts:", summary)
+    # set-up reads each input once: the space file, the base YAML (parsed once, hashed once) and the model
+    assert c.setup["space read"] == 1 and c.setup["base read"] == 1 and c.setup["model parse"] == 1
+    assert c.setup["base bytes"] <= 1
+    # and nothing reads them again: the exports merge into the base YAML as parsed at set-up
+    assert c.n["space read"] == 1 and c.n["base read"] == 1 and c.n["model parse"] == 1
+    # the study is read whole at most once per change of the front (the final summary included)
+    assert c.n["rows"] <= fronts
+    # each trial's record is decoded a bounded number of times, not once per re-read of the study
+    assert c.n["decode"] <= 4 * 16
+    # best.yaml's trial is chosen in one place
+    assert c.callers == {"outcome.py:outcome"}
+    # a result YAML is written only when its content changes
+    assert all(changed for _, changed in c.writes)
