@@ -44,13 +44,17 @@ class Workspace:
     @classmethod
     def open(cls, config_path: str | Path, data: list[Path] | None = None, limit: int | None = None,
              march: str | None = None, threads: int | None = None,
-             progress: Callable[[int, int], None] | None = None, hb_optimize: bool = True) -> Workspace:
+             progress: Callable[[int, int], None] | None = None, hb_optimize: bool = True,
+             check: Callable[[HbConfig, LoadedModel], None] | None = None) -> Workspace:
         """``hb_optimize=False`` simulates the exported graph as it is, without hb_mapper's graph
-        rewrites (tuner.graph.optimize): for comparisons with onnxruntime's own quantizer."""
+        rewrites (tuner.graph.optimize): for comparisons with onnxruntime's own quantizer.
+        ``check``: called with the YAML and model as loaded, before the data are read."""
         config = load_config(config_path)
         target = load_target(march or config.march)
         shapes = {s.name: s.shape for s in config.inputs if s.shape is not None}
         model = load_model(config.onnx_model, shapes, target.max_opset, target.max_ir_version, hb_optimize)
+        if check is not None:
+            check(config, model)
         graph = Graph(model.proto, model.names)
         cal = dataset_from_config(config.inputs, model.input_shapes)
         ev = dataset_from_config(config.inputs, model.input_shapes, folders=data, limit=limit) if data else cal
@@ -71,11 +75,12 @@ class Workspace:
 
     @classmethod
     def for_space(cls, space, data: list[Path] | None = None, limit: int | None = None, march: str | None = None,
-                  threads: int | None = None, progress: Callable[[int, int], None] | None = None) -> Workspace:
+                  threads: int | None = None, progress: Callable[[int, int], None] | None = None,
+                  check: Callable[[HbConfig, LoadedModel], None] | None = None) -> Workspace:
         """The workspace a search space evaluates in: its base YAML, its ``eval_data``,
         ``eval_limit`` and ``march`` (each overridable), and its task metrics and labels."""
         ws = cls.open(space.base, data=data or space.eval_data, limit=limit or space.eval_limit,
-                      march=march or space.march, threads=threads, progress=progress)
+                      march=march or space.march, threads=threads, progress=progress, check=check)
         ws.use_task_metrics(space.task_metrics(), space.labels, space.path.parent)
         if space.thresholds is not None:
             # the search places nodes and picks int16 around hb_mapper's real calibration: the

@@ -319,20 +319,24 @@ def test_each_trial_records_its_worker_once_when_it_is_created(tmp_path):
 
 def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_path, monkeypatch):
     """No trial meets max_latency_ms 1e-9, so the front stays empty: after the first write, an
-    infeasible trial returns the last result without reading the study, as a dominated one does."""
+    infeasible trial returns the last result without reading the study, as a dominated one does;
+    a forced rewrite uses the rows kept as the trials finished (no trial decoded again)."""
     from tuner.study import results
 
     space = write_tiny_space(tmp_path)
     space.write_text(space.read_text().replace("  mode: pareto\n", "  mode: pareto\n  max_latency_ms: 0.000000001\n"))
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=4, timeout=None, jobs=1, seed=0, progress=False)
-    reads = []
+    reads, decoded = [], []
     monkeypatch.setattr(results, "rows", lambda st, *a, real=results.rows: reads.append(st) or real(st, *a))
+    monkeypatch.setattr(results, "row", lambda t, *a, real=results.row: decoded.append(t.number) or real(t, *a))
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         assert search.write_results(study, trial=t) is None
-    assert reads == []
+    assert reads == [] and decoded == []
+    search.paths.trials_csv.unlink()
     search.write_results(study, force=True)
-    assert len(reads) == 1
+    assert reads == [] and decoded == []
+    assert len(search.paths.trials_csv.read_text().splitlines()) == 1 + 4     # written from the kept rows
 
 
 def test_trials_csv_keeps_up_while_the_front_does_not_change(tmp_path, monkeypatch):

@@ -87,10 +87,11 @@ def search(args: argparse.Namespace) -> int:
     # SIGINT as ignored: restore it); once trials run, see install_stop_handlers below.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from tuner.study.join import preflight
-    preflight(args.space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
-    if not _data_ok(args.space):
-        return 2
-    search = StudySession.open(args.space, args.study, args.storage, args.results_dir, args.threads)
+    from tuner.study.space import load_space
+
+    space = load_space(args.space)          # read once: the name, the data check and the study use it
+    preflight(space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
+    search = StudySession.open(space, args.study, args.storage, args.results_dir, args.threads, check=_data_check)
     search.heartbeat, search.max_retry = args.heartbeat, args.max_retry
     st = search.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
@@ -152,22 +153,19 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_ok(space_path: str) -> bool:
-    """The brief data check at the start of a search: errors stop it, warnings are listed."""
+def _data_check(config: Any, model: Any) -> None:
+    """The brief data check at the start of a search, on the YAML and model as loaded: errors
+    stop it (one line, exit 2), warnings are listed."""
     from tuner.inputs.checks import check_data, format_report
-    from tuner.study.space import load_space
 
-    space = load_space(space_path)
-    report = check_data(space.base)
+    report = check_data(config.path, loaded=(config, model))
     if report.exit_code() == 2:
         print(format_report(report), file=sys.stderr)
-        print("tuner: error: the calibration data are unusable (see above); fix them or run 'tuner check-data "
-              f"{space.base}'", file=sys.stderr)
-        return False
+        raise TunerError("the calibration data are unusable (see above); fix them or run 'tuner check-data "
+                         f"{config.path}'")
     for f in report.findings:
         if f.severity != "info":
             print(f"data {f.severity}: {f.message}", file=sys.stderr)
-    return True
 
 
 def print_summary(study: Any, paths: Any) -> None:
@@ -277,8 +275,8 @@ def status(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     from tuner.files import check_writable
+    from tuner.study.outcome import read_outcome
     from tuner.study.outputs import export_trial
-    from tuner.study.results import rows
     from tuner.study.storage import open_existing, study_info
     from tuner.toolchain.verify import best_real
 
@@ -291,7 +289,8 @@ def export(args: argparse.Namespace) -> int:
         check_writable(Path(args.out).parent, "the exported YAML")
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     info = study_info(study)
-    rs = rows(study)
+    found = read_outcome(study, info.objectives)
+    rs = list(found.rows)
     if args.trial is not None:
         match = [r for r in rs if r.number == args.trial]
         if not match:
@@ -299,20 +298,16 @@ def export(args: argparse.Namespace) -> int:
                              f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
         row = match[0]
     elif args.by == "real":
-        found = best_real(study, info.mode, info.objectives.min_accuracy)
-        if found is None:
+        real = best_real(study, info.mode, info.objectives.min_accuracy)
+        if real is None:
             raise TunerError(f"study {study.study_name!r} has no trial with a real accuracy that meets the constraints; "
                              "run 'tuner verify' first, or export by the simulated figure")
-        row = found[0]
-        print(f"trial {row.number}: real accuracy {found[1].accuracy:.6f} ({found[1].accuracy_source})")
+        row = real[0]
+        print(f"trial {row.number}: real accuracy {real[1].accuracy:.6f} ({real[1].accuracy_source})")
     else:
-        from tuner.study.validation import choose_best, stored
-
-        picked, _ = choose_best(rs, stored(study), info.objectives)    # best.yaml's rule
+        picked = found.best     # best.yaml's rule
         if picked is None:
-            from tuner.study.results import closest
-
-            near = closest(rs, info.objectives)
+            near = found.closest
             raise TunerError(f"study {study.study_name!r} has no feasible completed trial to export yet"
                              + (f"; the closest is {near.text()}: tuner export {study.study_name} --trial "
                                 f"{near.row.number}" if near is not None else ""))

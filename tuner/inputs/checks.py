@@ -52,7 +52,7 @@ from tuner.inputs.findings import (  # noqa: F401  (re-exported: their old home)
     Finding,
     FindingsReport,
 )
-from tuner.inputs.model import load_model
+from tuner.inputs.model import LoadedModel, load_model
 
 FEW_SAMPLES_WARNING = 20      # below: warning (a 5%-frequent condition is missed with p > 0.36)
 RECOMMENDED_SAMPLES = 100     # below: info (hb_mapper docs: ~100 representative images)
@@ -196,14 +196,17 @@ def _read_raw(data: InputData, path: Path) -> tuple[np.ndarray | None, Finding |
 
 
 def check_data(config_path: str | Path, data_dirs: list[Path] | None = None,
-               limit: int | None = None) -> DataReport:
+               limit: int | None = None, loaded: tuple[HbConfig, LoadedModel] | None = None) -> DataReport:
     """Check the calibration data of ``config_path`` (or ``data_dirs``, one folder per input).
 
     Reads at most ``limit`` samples per input. Raises TunerError only for a bad YAML/model.
+    ``loaded``: the YAML and model already loaded (a search's), not read again.
     """
-    config = load_config(config_path)
-    shapes = {s.name: s.shape for s in config.inputs if s.shape is not None}
-    model = load_model(config.onnx_model, shapes)
+    if loaded is not None:
+        config, model = loaded
+    else:
+        config = load_config(config_path)
+        model = load_model(config.onnx_model, {s.name: s.shape for s in config.inputs if s.shape is not None})
     resolved = _resolve_inputs(config, model.input_shapes, data_dirs)
     findings: list[Finding] = []
     for w in config.warnings:

@@ -12,13 +12,15 @@ from tuner.inputs.model import file_fingerprint
 from tuner.study.opening import check_outputs
 from tuner.study.results import ReportSnapshot
 from tuner.study.session import StudySession
-from tuner.study.space import load_space
+from tuner.study.space import SearchSpace, load_space
 from tuner.study.storage import SENSITIVITY_ATTR, StudyPaths, load_study, study_info
 
 
-def preflight(space_path: str | Path, name: str | None, storage: str | None, results_dir: str | Path) -> None:
-    """:func:`check_outputs` for ``tuner search`` before anything reads the data (the space file is cheap)."""
-    check_outputs(StudyPaths(Path(results_dir) / (name or load_space(space_path).name)), storage)
+def preflight(space: SearchSpace | str | Path, name: str | None, storage: str | None, results_dir: str | Path) -> None:
+    """:func:`check_outputs` for ``tuner search`` before anything reads the data."""
+    if name is None:
+        name = (space if isinstance(space, SearchSpace) else load_space(space)).name
+    check_outputs(StudyPaths(Path(results_dir) / name), storage)
 
 
 def join_study(name: str, storage: str | None, space: str | Path | None = None, results_dir: str | Path = "results",

@@ -16,6 +16,7 @@ import io
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,10 +28,11 @@ from tuner import __version__
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.study import results
+from tuner.study.outcome import Outcome, Tracker, outcome, read_outcome
 from tuner.study.record import Objectives, TrialRecord, direction_name
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
-from tuner.study.validation import Validation, choose_best, stored
+from tuner.study.validation import Validation, stored
 from tuner.toolchain.records import RealRecord, real_records
 
 
@@ -45,32 +47,52 @@ class Output(Protocol):
 
 def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: dict[str, float] | None = None,
              traces: Callable[[list[results.Row], results.Row | None], list[Trace]] | None = None,
-             notes: list[str] | tuple[str, ...] = ()) -> ReportSnapshot:
-    """The report's view of ``study``; ``traces`` (given the rows and best.yaml's trial) when a
-    simulator is at hand."""
+             notes: list[str] | tuple[str, ...] = (), rows: list[results.Row] | None = None) -> ReportSnapshot:
+    """The report's view of ``study`` (its :class:`~tuner.study.outcome.Outcome`; ``rows`` when the
+    caller keeps them); ``traces`` (given the rows and best.yaml's trial) when a simulator is at hand."""
     info = study_info(study)
-    rs = results.rows(study, info.objectives)
-    vals = stored(study)
-    chosen, _ = choose_best(rs, vals, info.objectives)
+    found = read_outcome(study, info.objectives, rows)
+    rs, chosen = list(found.rows), found.best
     return ReportSnapshot(name=study.study_name, info=info, storage=storage,
                           directions=[direction_name(d) for d in study.directions],
-                          trials=study.get_trials(deepcopy=False), rows=rs, real=real_records(study),
+                          trials=study.get_trials(deepcopy=False), rows=rs, real=dict(found.real),
                           sensitivity=dict(sensitivity or {}), traces=traces(rs, chosen) if traces is not None and rs else [],
                           best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
-                          notes=list(notes), validations=vals,
+                          notes=list(notes), validations=dict(found.validations),
                           best_number=None if chosen is None else chosen.number)
 
 
+@dataclass(frozen=True)
+class Exporter:
+    """What writing a trial's YAML needs of a study's problem, as a value (no session)."""
+
+    base_path: Path
+    base_raw: Mapping[str, Any]
+    node_info_supported: bool
+    node_names: frozenset[str]
+    provenance: Mapping[str, str]        # study name and the input fingerprints, for the header
+    objectives: Objectives
+
+    def __call__(self, row: results.Row, out: Path, comments: tuple[str, ...] = (), margins: bool = True) -> list[str]:
+        """Write ``row``'s YAML to ``out``; ``margins``: each constraint's margin in its header."""
+        more = results.margin_comments(row, self.objectives) if margins else ()
+        return export_trial(row, out, self.base_path, self.node_info_supported, set(self.node_names),
+                            dict(self.provenance), tuple(comments) + more, base_raw=self.base_raw)
+
+
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
-                 node_names: set[str] | None, provenance: dict[str, str], comments: tuple[str, ...] = ()) -> list[str]:
+                 node_names: set[str] | None, provenance: Mapping[str, str], comments: tuple[str, ...] = (),
+                 base_raw: Mapping[str, Any] | None = None) -> list[str]:
     """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
     go into the header after the figures (closest.yaml says what it misses, best_minimal.yaml
-    what it kept)."""
-    if not base_path.is_file():
-        raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields are kept)")
-    base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+    what it kept). ``base_raw``: the base YAML as already parsed (else read from ``base_path``)."""
+    if base_raw is None:
+        if not base_path.is_file():
+            raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields "
+                             "are kept)")
+        base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
     rec = row.trial_record
-    cfg, notes = merged_config(base_raw, base_path, rec.candidate, out, node_info_supported)
+    cfg, notes = merged_config(dict(base_raw), base_path, rec.candidate, out, node_info_supported)
     check_rules(cfg, out, node_names)
     header = [f"# hb_mapper makertbin config exported by tuner {__version__} from study {provenance.get('study')!r}, "
               f"trial {row.number}",
@@ -80,8 +102,17 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
     header += [f"# {c}" for c in comments]
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
-    write_atomic(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
+    write_if_changed(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
     return notes
+
+
+def write_if_changed(out: Path, text: str, protect: tuple[Path, ...] = ()) -> bool:
+    """:func:`write_atomic` unless ``out`` already holds ``text``; whether it wrote."""
+    if out.is_file() and not any(p.exists() and out.resolve() == p.resolve() for p in protect) \
+            and out.read_text(encoding="utf-8") == text:
+        return False
+    write_atomic(out, text, protect=protect)
+    return True
 
 
 def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = None,
@@ -173,6 +204,8 @@ class ResultFiles:
         :func:`tuner.study.validation.choose_best`."""
         self.paths, self.objectives, self.export, self.validate = paths, objectives, export, validate
         self.vals: dict[int, Validation] = {}
+        self.tracker = Tracker(objectives)     # the study's rows, each trial decoded once
+        self.outcome: Outcome | None = None    # as last computed
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
         self._last_front: list[tuple[float, float]] = []
         self._last_best: results.Row | None = None
@@ -216,20 +249,24 @@ class ResultFiles:
             self._csv_pending += 1
         if not force and trial is not None and self._last_written is not None and not self._may_change(trial):
             if self._csv_due():
-                self._write_csv(results.rows(study, self.objectives), study)
+                self._write_csv(self.tracker.rows(study), study)
             return self._last_best
-        rows = results.rows(study, self.objectives)
-        front = results.pareto(rows)
-        best = results.best(rows, self.objectives.mode, self.objectives.floor)
+        rows = self.tracker.rows(study)
         comments: tuple[str, ...] = ()
-        if force and self.validate is not None and front:
-            self.vals = self.validate(study, list({r.number: r for r in front + ([best] if best else [])}.values()))
-            best, chosen_by = choose_best(rows, self.vals, self.objectives)
-            v = self.vals.get(best.number) if best is not None else None
-            if v is not None:
-                comments = (f"validation ({v.samples} sample(s) the search did not select on): {v.metric} "
-                            f"{v.accuracy:.6f}, worst sample {v.worst_sample:.6f}; chosen by the "
-                            f"{chosen_by} figure",)
+        if force and self.validate is not None and rows:
+            front = results.pareto(rows)
+            by_eval = results.best(rows, self.objectives.mode, self.objectives.floor)
+            if front:
+                self.vals = self.validate(study, list({r.number: r
+                                                       for r in front + ([by_eval] if by_eval else [])}.values()))
+        found = outcome(rows, self.objectives, self.vals)
+        self.outcome = found
+        front, best = list(found.front), found.best
+        v = self.vals.get(best.number) if best is not None and force and self.validate is not None else None
+        if v is not None:
+            comments = (f"validation ({v.samples} sample(s) the search did not select on): {v.metric} "
+                        f"{v.accuracy:.6f}, worst sample {v.worst_sample:.6f}; chosen by the "
+                        f"{found.chosen_by} figure",)
         self._last_front = [(r.accuracy, r.latency_ms) for r in front]
         self._last_best = best
         state = (best.number if best else None, tuple(r.number for r in front))
@@ -242,7 +279,7 @@ class ResultFiles:
             self.export(best, self.paths.best, comments=comments)
             self.paths.closest.unlink(missing_ok=True)     # a feasible answer replaces the closest one
         else:
-            self._write_closest(rows)
+            self._write_closest(found)
         self.paths.pareto.mkdir(parents=True, exist_ok=True)
         keep: set[str] = set()
         for r in front:
@@ -256,9 +293,9 @@ class ResultFiles:
         self._write_csv(rows, study)
         return best
 
-    def _write_closest(self, rows: list[results.Row]) -> None:
+    def _write_closest(self, result: Outcome) -> None:
         """closest.yaml while no trial meets the constraints: an answer, marked as one that misses."""
-        found = results.closest(rows, self.objectives)
+        found = result.closest
         if found is None:
             return
         self.export(found.row, self.paths.closest,

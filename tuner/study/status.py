@@ -17,10 +17,10 @@ from optuna.trial import TrialState
 
 from tuner.files import jsonable
 from tuner.study import results
+from tuner.study.outcome import read_outcome
 from tuner.study.record import StudyInfo, binding
 from tuner.study.storage import StudyPaths, study_info
-from tuner.study.validation import Validation, choose_best, stored
-from tuner.toolchain.records import real_records
+from tuner.study.validation import Validation
 
 
 def row_json(r: results.Row) -> dict[str, Any]:
@@ -79,17 +79,16 @@ class StudyStatus:
 
 def study_status(study: optuna.Study, paths: StudyPaths) -> StudyStatus:
     info = study_info(study)
-    rs = results.rows(study, info.objectives)
+    found = read_outcome(study, info.objectives)
+    rs = list(found.rows)
     states = [t.state for t in study.get_trials(deepcopy=False)]
-    found = results.closest(rs, info.objectives)
-    vals = stored(study)
-    chosen, chosen_by = choose_best(rs, vals, info.objectives)
     files = {k: str(p) for k, p in (("best", paths.best), ("closest", paths.closest), ("pareto", paths.pareto),
                                     ("trials_csv", paths.trials_csv), ("report", paths.report)) if Path(p).exists()}
+    near = found.closest
     return StudyStatus(
         name=study.study_name, info=info, completed=len(rs), failed=sum(s == TrialState.FAIL for s in states),
         running=sum(s == TrialState.RUNNING for s in states),
-        best=chosen, chosen_by=chosen_by, validations=vals, front=results.pareto(rs), closest=found,
-        next_steps=results.next_steps(found, study.study_name) if found is not None else [], files=files,
-        front_of_all=results.front_of_all(rs) if found is not None else [],
-        verified={n: rec.summary() for n, rec in real_records(study).items()})
+        best=found.best, chosen_by=found.chosen_by, validations=dict(found.validations), front=list(found.front),
+        closest=near, next_steps=results.next_steps(near, study.study_name) if near is not None else [], files=files,
+        front_of_all=results.front_of_all(rs) if near is not None else [],
+        verified={n: rec.summary() for n, rec in found.real.items()})

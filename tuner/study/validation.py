@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -30,6 +30,9 @@ from tuner.study.record import Objectives
 from tuner.study.sections import ACCURACY
 from tuner.study.space import SearchSpace
 from tuner.workspace import Workspace
+
+if TYPE_CHECKING:
+    from tuner.study.scorer import Scorer
 
 PREFIX = "validation:"
 
@@ -93,8 +96,10 @@ def worst(ev: Evaluation, metric: str) -> float:
 class Validator:
     """Scores trials on the validation data with the workspace's statistics and thresholds."""
 
-    def __init__(self, ws: Workspace, data: DataSet, what: str, metric: str) -> None:
+    def __init__(self, ws: Workspace, data: DataSet, what: str, metric: str, scorer: Scorer | None = None) -> None:
+        """``scorer``: the study's (:class:`tuner.study.scorer.Scorer`), else one of its own over ``ws``."""
         self.ws, self.data, self.what, self.metric = ws, data, what, label_free(metric)
+        self.scorer = scorer
         self.fingerprint = data.fingerprint()
         self._sim: Simulator | None = None
 
@@ -106,8 +111,11 @@ class Validator:
 
     def score(self, row: results.Row) -> Validation:
         cand = row.trial_record.candidate
-        ev = self.simulator.evaluate(cand, per_sample=True)
-        on_eval = self.ws.simulator.evaluate(cand, per_sample=True)
+        if self.scorer is not None:
+            ev, on_eval = self.scorer.per_sample(cand, self.simulator), self.scorer.per_sample(cand)
+        else:
+            ev = self.simulator.evaluate(cand, per_sample=True)
+            on_eval = self.ws.simulator.evaluate(cand, per_sample=True)
         return Validation(trial=row.number, key=row.trial_record.key, data=self.fingerprint, metric=self.metric,
                           accuracy=accuracy(ev.outputs, self.metric), worst_sample=worst(ev, self.metric),
                           eval_worst_sample=worst(on_eval, self.metric), samples=len(self.data))
