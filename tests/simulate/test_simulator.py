@@ -171,7 +171,8 @@ def test_external_weights_give_the_same_outputs_and_leave_the_graph(tmp_path):
     """Static weights go to onnxruntime once as OrtValues; per-candidate tensors stay inline."""
     from helpers import write_example_project
 
-    from tuner.simulate.qdq import ExternalWeights, build_sim_model
+    from tuner.simulate.qdq import build_sim_model
+    from tuner.simulate.weights import ExternalWeights
 
     ex = Workspace.open(write_example_project(tmp_path / "ex", n_cal=4, n_eval=2))
     sim = ex.simulator

@@ -47,9 +47,10 @@ from tuner.simulate.calibrate import (
 )
 from tuner.simulate.perchannel import channel_scales, channel_top
 from tuner.simulate.plan import Plan, make_plan
-from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, plan_scales, weight_axis
+from tuner.simulate.qdq import build_sim_model, plan_scales
 from tuner.simulate.realscales import RealCalibration, RealScales, real_plan, without_real_rules
 from tuner.simulate.scales import Scales, ScaleTable, channelwise
+from tuner.simulate.weights import ExternalWeights, WeightCache, deconv_group, weight_axis
 
 #: The explicit calibration a candidate is simulated with: ``default`` and ``mix`` resolved, or hb_mapper's.
 Resolved = Calibration | MixedCalibration | RealCalibration
