@@ -24,6 +24,7 @@ from tuner.inputs.realmatch import load_thresholds
 from tuner.metrics.task import LabelSet, MetricSpec
 from tuner.simulate import Simulator
 from tuner.simulate.plan import check_node_names
+from tuner.simulate.simmodel import SimModel
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Workspace:
     warnings: list[str] = field(default_factory=list)
     thresholds: ThresholdMemo | None = None
     _simulator: Simulator | None = None
+    _sim_model: SimModel | None = None   # the simulators' model side, shared by every data set
 
     @classmethod
     def open(cls, config_path: str | Path, data: list[Path] | None = None, limit: int | None = None,
@@ -113,6 +115,12 @@ class Workspace:
             self._simulator = self.simulator_on(self.eval_data, with_task=True)
         return self._simulator
 
+    def model_side(self) -> SimModel:
+        """The simulators' model side (graph, fake-quantized weights), built once for every data set."""
+        if self._sim_model is None:
+            self._sim_model = SimModel(self.model, self.target)
+        return self._sim_model
+
     def simulator_on(self, data: DataSet, with_task: bool = False) -> Simulator:
         """A simulator of this workspace's model over ``data``: the same statistics, thresholds,
         calibration data and real thresholds; task metrics and labels only ``with_task`` (the
@@ -120,7 +128,7 @@ class Workspace:
         sim = Simulator(self.model, self.target, self.stats, data, self.threads, thresholds=self.thresholds,
                         task_metrics=self.task_metrics if with_task else None,
                         labels=self.labels if with_task else None, user_base=self.user_base if with_task else None,
-                        calibration_data=self.calibration_data)
+                        calibration_data=self.calibration_data, model_side=self.model_side())
         if self.real_thresholds is not None:
             sim.use_thresholds(self.real_thresholds, self.real_honour_qtypes)
         return sim

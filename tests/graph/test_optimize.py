@@ -293,7 +293,7 @@ def test_mul_by_a_channel_constant_leaves_the_bpu_in_int32_like_a_conv(target):
     # Its constant is the weight of a depthwise 1x1 convolution: int8 per output channel (the rule of
     # Conv weights, docs/hb_rules/quantizer.md §1.7) gives each value its own scale, so it is exact and the
     # simulator keeps it float (it is not in plan.weights).
-    from tuner.simulate.qdq import fake_quant_weight
+    from tuner.simulate.weights import fake_quant_weight
 
     k = numpy_helper.to_array(graph.initializers["k"]).reshape(4, 1, 1, 1).astype(np.float64)
     np.testing.assert_allclose(fake_quant_weight(k, 0), k, rtol=1e-6)
@@ -365,7 +365,7 @@ def test_node_info_naming_a_folded_constant_is_a_note(tmp_path, target):
 
 def test_a_grouped_conv_transpose_has_one_weight_scale_per_output_channel():
     """docs/hb_rules/quantizer.md §1.7: the weight [Cin, Cout/g, k, k] is reshaped to (g, Cin/g, Cout/g, ...) first."""
-    from tuner.simulate.qdq import grouped_deconv_weight
+    from tuner.simulate.weights import grouped_deconv_weight
 
     rng = np.random.default_rng(10)
     w = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)   # Cin 4, group 2 -> Cout 6

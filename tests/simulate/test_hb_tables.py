@@ -12,7 +12,7 @@ The rules, each measured with toy models converted at O0 (numbers in the docstri
   (tuner.simulate.sharing.CALIBRATED_INPUT);
 * a MatMul on a 2-D input keeps its bias Add apart (tuner.graph.fusion);
 * set_all_nodes_int16 puts a Softmax over the last axis on the BPU, its Exp table's input fixed
-  (tuner.simulate.plan._softmax_over_last_axis, tuner.simulate.scales.SOFTMAX_EXP).
+  (tuner.simulate.placement._softmax_over_last_axis, tuner.simulate.scales.SOFTMAX_EXP).
 
 With the real toolchain installed the toy is converted (O0) and tuner's thresholds, placement and output
 cosine are compared with the real calibrated and quantized models.

@@ -26,8 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tuner.candidate import Calibration, Candidate
 from tuner.simulate.perchannel import MIN_MAX, Reader, activation_bound, candidates, channel_scales, equalization
-from tuner.simulate.qdq import build_sim_model, fake_quant_weight
+from tuner.simulate.qdq import build_sim_model
 from tuner.simulate.scales import channelwise
+from tuner.simulate.weights import fake_quant_weight
 from tuner.workspace import Workspace
 
 PROBES = Path(__file__).parent / "data" / "hb_channel_scales.json"

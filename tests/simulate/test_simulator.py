@@ -171,7 +171,8 @@ def test_external_weights_give_the_same_outputs_and_leave_the_graph(tmp_path):
     """Static weights go to onnxruntime once as OrtValues; per-candidate tensors stay inline."""
     from helpers import write_example_project
 
-    from tuner.simulate.qdq import ExternalWeights, build_sim_model
+    from tuner.simulate.qdq import build_sim_model
+    from tuner.simulate.weights import ExternalWeights
 
     ex = Workspace.open(write_example_project(tmp_path / "ex", n_cal=4, n_eval=2))
     sim = ex.simulator
@@ -194,7 +195,7 @@ def test_external_weights_give_the_same_outputs_and_leave_the_graph(tmp_path):
 
 def test_evaluations_read_the_data_files_only_at_set_up(tmp_path, monkeypatch):
     """Samples stay in memory after the float pass; beyond the budget they stream from disk, same result."""
-    import tuner.simulate.simulator as simulator_module
+    import tuner.simulate.simdata as simdata_module
     from tuner.inputs.data import DataSet
     from tuner.simulate import Simulator
 
@@ -207,7 +208,7 @@ def test_evaluations_read_the_data_files_only_at_set_up(tmp_path, monkeypatch):
     assert len(reads) == len(ws.eval_data)
     a = cached.evaluate(cand, per_node=True)
     assert len(reads) == len(ws.eval_data)
-    monkeypatch.setattr(simulator_module, "SAMPLE_CACHE_BYTES", 0)
+    monkeypatch.setattr(simdata_module, "SAMPLE_CACHE_BYTES", 0)
     streamed = Simulator(ws.model, ws.target, ws.stats, ws.eval_data, ws.threads)
     b = streamed.evaluate(cand, per_node=True)
     assert len(reads) == 4 * len(ws.eval_data)  # set-up, the quantized pass and the per-node float pass
@@ -217,7 +218,7 @@ def test_evaluations_read_the_data_files_only_at_set_up(tmp_path, monkeypatch):
 
 def test_labels_are_read_only_at_set_up(tmp_path, monkeypatch):
     """Label files stay in memory with the samples; beyond the budget they are read again, same result."""
-    import tuner.simulate.simulator as simulator_module
+    import tuner.simulate.simdata as simdata_module
     from tuner.metrics.task import LabelSet, parse_metric_spec
 
     project = write_tiny_project(tmp_path / "d")
@@ -234,9 +235,9 @@ def test_labels_are_read_only_at_set_up(tmp_path, monkeypatch):
     cached = ws.simulator
     a = [cached.evaluate(cand).task for _ in range(2)]
     assert len(reads) == len(ws.eval_data)
-    cached._label(0)["seg"][:] = 99                 # a metric writing into its labels changes nothing later
-    assert (cached._label(0)["seg"] < 3).all()
-    monkeypatch.setattr(simulator_module, "SAMPLE_CACHE_BYTES", 0)
+    cached.on.label(0)["seg"][:] = 99                 # a metric writing into its labels changes nothing later
+    assert (cached.on.label(0)["seg"] < 3).all()
+    monkeypatch.setattr(simdata_module, "SAMPLE_CACHE_BYTES", 0)
     ws._simulator = None
     b = ws.simulator.evaluate(cand).task
     assert len(reads) == 2 * len(ws.eval_data)  # streamed: the pass reads them again
@@ -363,3 +364,32 @@ def test_the_oracle_holds_on_hb_mappers_graph_where_it_changes_no_arithmetic(tmp
         agree.update(theirs, mine["y"])
     assert agree.cosine >= 0.99999 and agree.max_abs < 1e-4, agree.as_dict()
     assert ev.mean_cosine < 0.99999
+
+
+def test_a_simulator_on_other_data_shares_the_model_side(tmp_path, monkeypatch):
+    """A data change builds only the data side: the graph and the fake-quantized weights are the
+    workspace's, and the evaluations equal those of a simulator that built everything itself."""
+    from tuner.graph import load_target
+    from tuner.inputs.data import dataset_from_config
+    from tuner.simulate import Simulator
+    from tuner.simulate.simmodel import SimModel
+
+    ws = Workspace.open(write_tiny_project(tmp_path / "d"))
+    builds = []
+    real = SimModel.__init__
+    monkeypatch.setattr(SimModel, "__init__", lambda self, *a, **k: builds.append(1) or real(self, *a, **k))
+    sim = ws.simulator
+    three = dataset_from_config(ws.config.inputs, ws.model.input_shapes, limit=3)
+    other = ws.simulator_on(three)
+    assert len(builds) == 1 and other.graph is sim.graph and other.weights is sim.weights
+    assert len(other.reference) == 3 < len(sim.reference)
+    cand = Candidate.make(Calibration("max", per_channel=True), {"/res/Add": {"ON": "CPU"}})
+    shared = other.evaluate(cand, per_node=True)
+    alone = Simulator(ws.model, ws.target, ws.stats, three, ws.threads)
+    assert len(builds) == 2
+    own = alone.evaluate(cand, per_node=True)
+    assert shared.outputs == own.outputs and [r.cosine for r in shared.nodes] == [r.cosine for r in own.nodes]
+    assert shared.outputs != sim.evaluate(cand).outputs   # other samples, other figures
+    other_target = SimModel(ws.model, load_target("bayes"))
+    with pytest.raises(ValueError, match="model_side"):
+        Simulator(ws.model, ws.target, ws.stats, ws.eval_data, model_side=other_target)

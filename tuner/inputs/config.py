@@ -268,36 +268,11 @@ def load_config(path: str | Path) -> HbConfig:
 
 
 def parse_config(raw: Any, path: Path) -> HbConfig:
-    if not isinstance(raw, dict):
-        raise TunerError(f"{path}: expected a mapping with model_parameters, input_parameters, "
-                         f"calibration_parameters and compiler_parameters, got {_type_name(raw)}")
+    """``raw`` (the YAML's mapping) checked against hb_mapper's schema and its own rules, one TunerError
+    naming the first bad key; what hb_mapper accepts but does differently from what users expect becomes
+    a warning."""
+    _check_schema(raw, path)
     warnings: list[str] = []
-    for section, body in raw.items():
-        if section not in SCHEMA:
-            raise TunerError(f"{path}: unknown section {section!r}; allowed: {', '.join(SCHEMA)}")
-        if body is None:
-            continue
-        if not isinstance(body, dict):
-            raise TunerError(f"{path}: {section} must be a mapping, got {_type_name(body)}")
-        for key, value in body.items():
-            where = f"{section}.{key}"
-            if key not in SCHEMA[section]:
-                home = [other for other in SCHEMA if other != section and key in SCHEMA[other]]
-                if home:
-                    raise TunerError(f"{path}: {where}: {key} belongs in {home[0]}, not {section}; move it there "
-                                     "(hb_mapper rejects keys outside their section)")
-                close = difflib.get_close_matches(str(key), list(SCHEMA[section]), n=1, cutoff=0.75)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise TunerError(f"{path}: {where}: unknown key{hint}; hb_mapper rejects keys outside its schema")
-            kind = SCHEMA[section][key]
-            if kind != NODEINFO and value is not None:
-                _check_type(f"{path}: {where}", value, kind)
-            allowed = CHOICES.get((section, key))
-            # input_parameters lists hold one value per input, ';'-separated
-            items = _split(value) if section == "input_parameters" and isinstance(value, str) else [value]
-            for item in items:
-                if allowed and value is not None and item not in allowed:
-                    raise TunerError(f"{path}: {where}: {item!r} is not one of {', '.join(allowed)}")
     for section in ("model_parameters", "input_parameters", "calibration_parameters"):
         if not raw.get(section):
             raise TunerError(f"{path}: missing section {section}")
@@ -311,11 +286,68 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
         raise TunerError(f"{path}: model_parameters.onnx_model is missing; tuner works on ONNX models")
     if "march" not in mp:
         raise TunerError(f"{path}: model_parameters.march is missing; use 'bayes-e' for RDK X5")
-    base = path.parent
-    onnx_model = (base / mp["onnx_model"]).resolve() if mp["onnx_model"] else None
     if not mp["onnx_model"] or not str(mp["onnx_model"]).endswith(".onnx"):
         raise TunerError(f"{path}: model_parameters.onnx_model must name a .onnx file, got {mp['onnx_model']!r}")
+    onnx_model = (path.parent / mp["onnx_model"]).resolve()
+    node_info, legacy_placement = _node_info(path, mp, cp, warnings)
+    calibration_type = cp.get("calibration_type", "default")
+    inputs = _inputs(path, ip, cp, calibration_type, warnings)
+    pct = cp.get("max_percentile")
+    if pct is not None and not 0.0 < float(pct) <= 1.0:
+        raise TunerError(f"{path}: calibration_parameters.max_percentile must be in (0, 1], got {pct}")
+    optimization = tuple(o.strip() for o in re.split(r"[,;]", cp.get("optimization") or "") if o.strip())
+    for option in optimization:
+        _check_optimization(path, option)
+    return HbConfig(path=path, raw=raw, onnx_model=onnx_model, march=mp["march"], inputs=inputs,
+                    node_info=node_info, calibration_type=calibration_type,
+                    max_percentile=float(pct) if pct is not None else None,
+                    per_channel=bool(cp.get("per_channel", False)), optimization=optimization,
+                    legacy_placement=legacy_placement, warnings=warnings)
 
+
+def _check_schema(raw: Any, path: Path) -> None:
+    """hb_mapper's schema: known sections holding mappings, known keys in their own section (a key in
+    another section named as such), values of the key's type and among its choices."""
+    if not isinstance(raw, dict):
+        raise TunerError(f"{path}: expected a mapping with model_parameters, input_parameters, "
+                         f"calibration_parameters and compiler_parameters, got {_type_name(raw)}")
+    for section, body in raw.items():
+        if section not in SCHEMA:
+            raise TunerError(f"{path}: unknown section {section!r}; allowed: {', '.join(SCHEMA)}")
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise TunerError(f"{path}: {section} must be a mapping, got {_type_name(body)}")
+        for key, value in body.items():
+            _check_key(path, section, key, value)
+
+
+def _check_key(path: Path, section: str, key: Any, value: Any) -> None:
+    where = f"{section}.{key}"
+    if key not in SCHEMA[section]:
+        home = [other for other in SCHEMA if other != section and key in SCHEMA[other]]
+        if home:
+            raise TunerError(f"{path}: {where}: {key} belongs in {home[0]}, not {section}; move it there "
+                             "(hb_mapper rejects keys outside their section)")
+        close = difflib.get_close_matches(str(key), list(SCHEMA[section]), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TunerError(f"{path}: {where}: unknown key{hint}; hb_mapper rejects keys outside its schema")
+    kind = SCHEMA[section][key]
+    if kind != NODEINFO and value is not None:
+        _check_type(f"{path}: {where}", value, kind)
+    allowed = CHOICES.get((section, key))
+    # input_parameters lists hold one value per input, ';'-separated
+    items = _split(value) if section == "input_parameters" and isinstance(value, str) else [value]
+    for item in items:
+        if allowed and value is not None and item not in allowed:
+            raise TunerError(f"{path}: {where}: {item!r} is not one of {', '.join(allowed)}")
+
+
+def _node_info(path: Path, mp: dict[str, Any], cp: dict[str, Any],
+               warnings: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """(node_info, the placement run_on_cpu / run_on_bpu ask for): node_info first, then the legacy
+    set_node_data_type's entries it does not set, then run_on_cpu / run_on_bpu where node_info sets no
+    ON (a conflict warned about: node_info wins, as in hb_mapper)."""
     node_info = parse_node_info(f"{path}: model_parameters.node_info", mp.get("node_info"))
     legacy = parse_node_info(f"{path}: model_parameters.set_node_data_type", mp.get("set_node_data_type"))
     for name, settings in legacy.items():
@@ -331,84 +363,87 @@ def parse_config(raw: Any, path: Path) -> HbConfig:
                 warnings.append(f"calibration_parameters.{key} lists {name!r} but node_info sets ON={current['ON']}; "
                                 "node_info wins, as in hb_mapper")
             current.setdefault("ON", unit)
+    return node_info, legacy_placement
 
+
+def _per_input(path: Path, section: dict[str, Any], sec: str, key: str, default: str | None,
+               n_inputs: int) -> list[str | None]:
+    """A ';'-separated per-input list: one value per input (mean, scale and norm type given once apply to
+    every input), ``default`` for each when the key is absent."""
+    values: list[str | None] = list(_split(section.get(key))) if section.get(key) is not None else []
+    if not values:
+        return [default] * n_inputs
+    if len(values) == 1 and n_inputs > 1 and key in ("mean_value", "scale_value", "norm_type"):
+        values = values * n_inputs
+    if len(values) != n_inputs:
+        raise TunerError(f"{path}: {sec}.{key} has {len(values)} ';'-separated values for {n_inputs} inputs")
+    return values
+
+
+def _inputs(path: Path, ip: dict[str, Any], cp: dict[str, Any], calibration_type: str,
+            warnings: list[str]) -> list[InputSpec]:
+    """The model inputs the YAML describes, in the order of cal_data_dir."""
     names = _split(ip.get("input_name"))
     n_inputs = max(len(names), len(_split(cp.get("cal_data_dir"))), 1)
     if n_inputs > 1 and (len(names) != n_inputs or "" in names):
         raise TunerError(f"{path}: input_parameters.input_name must list all {n_inputs} inputs, ';'-separated, "
                          "in the order of cal_data_dir")
 
-    def per_input(section: dict, key: str, default: str | None) -> list[str | None]:
-        values: list[str | None] = list(_split(section.get(key))) if section.get(key) is not None else []
-        if not values:
-            return [default] * n_inputs
-        if len(values) == 1 and n_inputs > 1 and key in ("mean_value", "scale_value", "norm_type"):
-            values = values * n_inputs
-        if len(values) != n_inputs:
-            sec = "input_parameters" if section is ip else "calibration_parameters"
-            raise TunerError(f"{path}: {sec}.{key} has {len(values)} ';'-separated values for {n_inputs} inputs")
-        return values
+    def ips(key: str, default: str | None) -> list[str | None]:
+        return _per_input(path, ip, "input_parameters", key, default, n_inputs)
 
-    calibration_type = cp.get("calibration_type", "default")
-    cal_dirs = per_input(cp, "cal_data_dir", None)
+    cal_dirs = _per_input(path, cp, "calibration_parameters", "cal_data_dir", None, n_inputs)
     if calibration_type not in ("load", "skip") and cal_dirs[0] is None:
         raise TunerError(f"{path}: calibration_parameters.cal_data_dir is missing; point it at the folder of "
                          "calibration tensors")
-    cal_types = per_input(cp, "cal_data_type", None)
+    cal_types = _per_input(path, cp, "calibration_parameters", "cal_data_type", None, n_inputs)
     for t in cal_types:
         if t is not None and t not in CAL_DATA_TYPES:
             raise TunerError(f"{path}: calibration_parameters.cal_data_type: {t!r} is not one of {', '.join(CAL_DATA_TYPES)}")
     preprocess_on = cp.get("preprocess_on") is True
-    inputs = []
-    for i, (name, ttrain, layout, shape, norm, mean, scale) in enumerate(zip(
-            names if names else [""], per_input(ip, "input_type_train", None),
-            per_input(ip, "input_layout_train", None), per_input(ip, "input_shape", ""),
-            per_input(ip, "norm_type", "no_preprocess"), per_input(ip, "mean_value", "None"),
-            per_input(ip, "scale_value", "None"))):
-        if ttrain is None:
-            raise TunerError(f"{path}: input_parameters.input_type_train is missing (e.g. 'rgb' or 'featuremap')")
-        if layout is None:
-            raise TunerError(f"{path}: input_parameters.input_layout_train is missing ('NCHW' or 'NHWC')")
-        m = _numbers(f"{path}: input_parameters.mean_value", mean or "None")
-        s = _numbers(f"{path}: input_parameters.scale_value", scale or "None")
-        if norm in ("data_mean", "data_mean_and_scale") and m is None:
-            raise TunerError(f"{path}: input_parameters.norm_type {norm!r} needs mean_value")
-        if norm in ("data_scale", "data_mean_and_scale") and s is None:
-            raise TunerError(f"{path}: input_parameters.norm_type {norm!r} needs scale_value")
-        if norm != "no_preprocess" and ttrain == "featuremap":
-            raise TunerError(f"{path}: input_parameters.norm_type must be 'no_preprocess' for featuremap inputs")
-        d = cal_dirs[i]
-        cal_dir = (base / d).resolve() if d else None
-        cal_type = cal_types[i]
-        images = preprocess_on and ttrain != "featuremap"
-        if images:
-            what = f"input {name!r}" if name else "the input"
-            warnings.append(f"calibration_parameters.preprocess_on is True: hb_mapper reads the images in "
-                            f"{cal_dir.name if cal_dir else 'cal_data_dir'} for {what} and resizes them itself, "
-                            "which rarely matches your training preprocessing (crop, letterbox, interpolation, "
-                            "colour order); write the tensors with 'tuner make-cal-data --preprocess' and set "
-                            "preprocess_on False")
-        elif cal_type is None and ttrain == "featuremap":
-            cal_type = "float32"     # Horizon's PTQ docs: featuremap samples are float32; no folder-name rule
-        elif cal_type is None and cal_dir is not None:
-            cal_type = "float32" if cal_dir.name.endswith("_f32") else "uint8"
-            warnings.append(f"calibration_parameters.cal_data_type is not set: hb_mapper reads {cal_dir.name} "
-                            f"as {cal_type} (folder-name rule); set it explicitly")
-        inputs.append(InputSpec(name=name, type_train=ttrain, layout_train=layout,
-                                shape=_shape(f"{path}: input_parameters.input_shape", shape or ""),
-                                norm_type=norm or "no_preprocess",
-                                mean=m if norm in ("data_mean", "data_mean_and_scale") else None,
-                                scale=s if norm in ("data_scale", "data_mean_and_scale") else None,
-                                cal_dir=cal_dir, cal_type=cal_type, preprocess_on=images))
-    pct = cp.get("max_percentile")
-    if pct is not None and not 0.0 < float(pct) <= 1.0:
-        raise TunerError(f"{path}: calibration_parameters.max_percentile must be in (0, 1], got {pct}")
-    optimization = tuple(o.strip() for o in re.split(r"[,;]", cp.get("optimization") or "") if o.strip())
-    for option in optimization:
-        _check_optimization(path, option)
-    assert onnx_model is not None   # checked above
-    return HbConfig(path=path, raw=raw, onnx_model=onnx_model, march=mp["march"], inputs=inputs,
-                    node_info=node_info, calibration_type=calibration_type,
-                    max_percentile=float(pct) if pct is not None else None,
-                    per_channel=bool(cp.get("per_channel", False)), optimization=optimization,
-                    legacy_placement=legacy_placement, warnings=warnings)
+    return [_input_spec(path, name, ttrain, layout, shape, norm, mean, scale, cal_dirs[i], cal_types[i], preprocess_on,
+                        warnings)
+            for i, (name, ttrain, layout, shape, norm, mean, scale) in enumerate(zip(
+                names if names else [""], ips("input_type_train", None), ips("input_layout_train", None),
+                ips("input_shape", ""), ips("norm_type", "no_preprocess"), ips("mean_value", "None"),
+                ips("scale_value", "None")))]
+
+
+def _input_spec(path: Path, name: str, ttrain: str | None, layout: str | None, shape: str | None, norm: str | None,
+                mean: str | None, scale: str | None, d: str | None, cal_type: str | None, preprocess_on: bool,
+                warnings: list[str]) -> InputSpec:
+    """One input, checked: its normalization has the values it needs (none for a featuremap), and its
+    calibration data type is known (hb's folder-name rule when unset, with a warning)."""
+    if ttrain is None:
+        raise TunerError(f"{path}: input_parameters.input_type_train is missing (e.g. 'rgb' or 'featuremap')")
+    if layout is None:
+        raise TunerError(f"{path}: input_parameters.input_layout_train is missing ('NCHW' or 'NHWC')")
+    m = _numbers(f"{path}: input_parameters.mean_value", mean or "None")
+    s = _numbers(f"{path}: input_parameters.scale_value", scale or "None")
+    if norm in ("data_mean", "data_mean_and_scale") and m is None:
+        raise TunerError(f"{path}: input_parameters.norm_type {norm!r} needs mean_value")
+    if norm in ("data_scale", "data_mean_and_scale") and s is None:
+        raise TunerError(f"{path}: input_parameters.norm_type {norm!r} needs scale_value")
+    if norm != "no_preprocess" and ttrain == "featuremap":
+        raise TunerError(f"{path}: input_parameters.norm_type must be 'no_preprocess' for featuremap inputs")
+    cal_dir = (path.parent / d).resolve() if d else None
+    images = preprocess_on and ttrain != "featuremap"
+    if images:
+        what = f"input {name!r}" if name else "the input"
+        warnings.append(f"calibration_parameters.preprocess_on is True: hb_mapper reads the images in "
+                        f"{cal_dir.name if cal_dir else 'cal_data_dir'} for {what} and resizes them itself, "
+                        "which rarely matches your training preprocessing (crop, letterbox, interpolation, "
+                        "colour order); write the tensors with 'tuner make-cal-data --preprocess' and set "
+                        "preprocess_on False")
+    elif cal_type is None and ttrain == "featuremap":
+        cal_type = "float32"     # Horizon's PTQ docs: featuremap samples are float32; no folder-name rule
+    elif cal_type is None and cal_dir is not None:
+        cal_type = "float32" if cal_dir.name.endswith("_f32") else "uint8"
+        warnings.append(f"calibration_parameters.cal_data_type is not set: hb_mapper reads {cal_dir.name} "
+                        f"as {cal_type} (folder-name rule); set it explicitly")
+    return InputSpec(name=name, type_train=ttrain, layout_train=layout,
+                     shape=_shape(f"{path}: input_parameters.input_shape", shape or ""),
+                     norm_type=norm or "no_preprocess",
+                     mean=m if norm in ("data_mean", "data_mean_and_scale") else None,
+                     scale=s if norm in ("data_scale", "data_mean_and_scale") else None,
+                     cal_dir=cal_dir, cal_type=cal_type, preprocess_on=images)

@@ -27,7 +27,7 @@ from tuner import __version__
 from tuner.export.hb_yaml import write_atomic
 from tuner.study import results
 from tuner.study.record import TrialRecord, binding
-from tuner.study.results import ReportSnapshot, Trace
+from tuner.study.results import ReportSnapshot, Row, Trace
 from tuner.toolchain.records import RealRecord
 
 _CSS = """
@@ -312,33 +312,68 @@ def _study_of(snap: ReportSnapshot) -> optuna.Study:
     return study
 
 
-def render(snap: ReportSnapshot) -> str:
-    """The whole page as one string."""
-    from plotly.offline import get_plotlyjs
+class _Page:
+    """The report's sections, in order, and the notes shown above them."""
 
-    info = snap.info
-    mode = info.mode
-    min_acc = info.objectives.min_accuracy
-    rs = snap.rows
-    best = (next((r for r in rs if r.number == snap.best_number), None) if snap.best_number is not None
-            else results.best(rs, mode, info.objectives.floor))
-    front = results.pareto(rs)
-    n_fail = sum(t.state == optuna.trial.TrialState.FAIL for t in snap.trials)
-    sections: list[str] = []
-    notes = list(snap.notes)
-    real = snap.real
+    def __init__(self, snap: ReportSnapshot):
+        self.snap = snap
+        self.sections: list[str] = []
+        self.notes = list(snap.notes)
 
-    def section(title: str, body: str, why: str = "") -> None:
-        sections.append(f"<section><h2>{html.escape(title)}</h2>"
-                        + (f'<p class="why">{html.escape(why)}</p>' if why else "") + body + "</section>")
+    def section(self, title: str, body: str, why: str = "") -> None:
+        self.sections.append(f"<section><h2>{html.escape(title)}</h2>"
+                             + (f'<p class="why">{html.escape(why)}</p>' if why else "") + body + "</section>")
 
-    def plot(fig_fn, div_id: str, *args) -> str:
+    @staticmethod
+    def plot(fig_fn: Any, div_id: str, *args: Any) -> str:
         try:
             return _fig_html(fig_fn(*args), div_id)
         except Exception as exc:  # too few trials for importances, a single-valued parameter, ...
             return f'<p class="note">{html.escape(div_id)}: not available yet ({html.escape(str(exc))})</p>'
 
-    # Summary cards.
+
+def render(snap: ReportSnapshot) -> str:
+    """The whole page as one string."""
+    info = snap.info
+    rs = snap.rows
+    best = (next((r for r in rs if r.number == snap.best_number), None) if snap.best_number is not None
+            else results.best(rs, info.mode, info.objectives.floor))
+    front = results.pareto(rs)
+    page = _Page(snap)
+    _summary(page, best, front)
+    if rs:
+        _front_sections(page, best, front)
+    else:
+        page.notes.append("no completed trial yet")
+    if snap.sensitivity:
+        page.section("Node sensitivity", page.plot(sensitivity_figure, "sensitivity", snap.sensitivity),
+                     "How much accuracy each node's int8 quantization costs: the gain when that node alone stays "
+                     "float.")
+    if snap.traces:
+        page.section("Accumulated error along the graph", page.plot(trace_figure, "trace", snap.traces),
+                     "Per-node output cosine against the float model, in topological order. Where the curve jumps, "
+                     "error enters; dotted lines mark CPU/BPU switches of the first curve.")
+    if best is not None:
+        _chosen(page, best)
+    if snap.best_yaml is not None:
+        page.section("Exported YAML (best.yaml)", f"<pre>{html.escape(snap.best_yaml)}</pre>")
+    if snap.real:
+        page.section("Simulation vs the real toolchain", verification_html(snap.real),
+                     "Trials checked with 'tuner verify' or an imported hb_mapper log: the real figures next to the "
+                     "simulated ones, and per node where a log was attached.")
+    prov = [["study", snap.name], ["storage", snap.storage], ["march", str(info.march or "?")],
+            ["tuner", info.version]] + [[f"{k} sha256", v] for k, v in info.fingerprints.items()]
+    page.section("Provenance", _table(["", ""], prov))
+    if page.notes:
+        page.sections.insert(0, "<section>" + "".join(f'<p class="note">{html.escape(n)}</p>' for n in page.notes)
+                             + "</section>")
+    return _document(snap, page.sections)
+
+
+def _summary(page: _Page, best: Row | None, front: list[Row]) -> None:
+    """The summary cards: trial counts, the exported trial's figures, the best all-int8 baseline."""
+    rs = page.snap.rows
+    n_fail = sum(t.state == optuna.trial.TrialState.FAIL for t in page.snap.trials)
     cards = [("completed trials", str(len(rs))), ("failed", str(n_fail)), ("on the Pareto front", str(len(front)))]
     if best is not None:
         c = best.counts
@@ -349,100 +384,93 @@ def render(snap: ReportSnapshot) -> str:
     if base:
         top = max(base, key=lambda r: r.accuracy)
         cards.append(("best all-int8 baseline", f"{top.accuracy:.6f}"))
-    section("Summary", '<div class="cards">' + "".join(f"<div class=\"card\"><b>{html.escape(v)}</b>"
-                                                       f"<span>{html.escape(k)}</span></div>" for k, v in cards)
-            + "</div>")
+    page.section("Summary", '<div class="cards">' + "".join(f"<div class=\"card\"><b>{html.escape(v)}</b>"
+                                                            f"<span>{html.escape(k)}</span></div>" for k, v in cards)
+                 + "</div>")
 
-    if rs:
-        section("Pareto front", plot(pareto_figure, "pareto", rs, best, min_acc, real),
-                "Every completed trial; the red diamonds are hb_mapper's defaults (all nodes BPU int8), the star "
-                "is the trial best.yaml holds.")
-        headers, table_rows = results.front_table(front, best, snap.validations, info.objectives)
-        hi = next((i for i, r in enumerate(front) if best is not None and r.number == best.number), None)
-        for cells in table_rows:
-            cells[0] = cells[0].lstrip("* ")
-        sections[-1] = sections[-1][:-len("</section>")] + _table(
-            headers, table_rows, set(range(1, headers.index("calibration"))), hi) + "</section>"
-        if snap.validations and best is not None:
-            v = snap.validations.get(best.number)
-            if v is not None:
-                notes.append(f"validation: the front and the best re-scored on {v.samples} sample(s) the search did "
-                             f"not select on ({v.metric}); best.yaml holds trial {best.number}")
-        objectives = info.objectives
-        ms = results.margins(best, objectives) if best is not None else []
-        if best is not None and ms:
-            bind = binding(ms)
-            section("Constraints", _table(
-                ["constraint", "limit", f"trial {best.number}", "margin", ""],
-                [[m.name, "--" if m.limit is None else f"{m.limit:.6g}", "--" if m.value is None else f"{m.value:.6g}",
-                  f"{m.margin:+.4g}", "binds" if m is bind and len(ms) > 1 else ""] for m in ms], {1, 2, 3}),
-                "Every constraint of the space for the exported trial: its limit (relative ones: times the float "
-                "model's value on the evaluation data), the trial's value and the margin (> 0: met).")
-        if not front:
-            found = results.closest(rs, objectives)
-            if found is not None:
-                headers2, rows2 = results.front_table(results.front_of_all(rs), found.row, snap.validations, objectives)
-                section("No trial meets the constraints", f"<p>closest: {html.escape(found.text())} "
-                        "(results/&lt;study&gt;/closest.yaml)</p>" + _table(headers2, rows2, set())
-                        + "<ul>" + "".join(f"<li>{html.escape(t)}</li>"
-                                           for t in results.next_steps(found, snap.name)) + "</ul>",
-                        "The Pareto front of all trials, none feasible, the closest marked; and what to try next.")
-        if snap.simplest is not None:
-            section("The simplest fix", simplest_html(snap.simplest),
-                    "best.yaml is the cheapest feasible trial, with every decision the sampler made on the way. "
-                    "best_minimal.yaml reverts them one at a time (most modeled latency saved first, calibration "
-                    "last) while the floor holds; the one-line fixes change only the base YAML's calibration.")
-        study = _study_of(snap)
-        why = "Optimization history (accuracy per trial and best so far) and which knobs mattered (PED-ANOVA)."
-        if snap.simplest is not None:
-            why += (" PED-ANOVA ranks a knob by how it separates the best trials from the rest; a knob whose effect "
-                    "shows in the warm-start baselines but that every good trial shares ranks low even when it is "
-                    "the fix: the accuracy each kept decision contributes (above, 'The simplest fix') is the direct "
-                    "measure.")
-        section("Search", '<div class="grid">' + plot(history_figure, "history", study, mode)
-                + plot(importance_figure, "importances", study, mode) + "</div>", why)
-    else:
-        notes.append("no completed trial yet")
 
-    if snap.sensitivity:
-        section("Node sensitivity", plot(sensitivity_figure, "sensitivity", snap.sensitivity),
-                "How much accuracy each node's int8 quantization costs: the gain when that node alone stays float.")
-    if snap.traces:
-        section("Accumulated error along the graph", plot(trace_figure, "trace", snap.traces),
-                "Per-node output cosine against the float model, in topological order. Where the curve jumps, "
-                "error enters; dotted lines mark CPU/BPU switches of the first curve.")
+def _front_sections(page: _Page, best: Row | None, front: list[Row]) -> None:
+    """The Pareto front (plot and table), the constraints' margins, the closest trial when none is
+    feasible, the simplest fix and the search's history."""
+    snap, rs, objectives = page.snap, page.snap.rows, page.snap.info.objectives
+    page.section("Pareto front", page.plot(pareto_figure, "pareto", rs, best, objectives.min_accuracy, snap.real),
+                 "Every completed trial; the red diamonds are hb_mapper's defaults (all nodes BPU int8), the star "
+                 "is the trial best.yaml holds.")
+    headers, table_rows = results.front_table(front, best, snap.validations, objectives)
+    hi = next((i for i, r in enumerate(front) if best is not None and r.number == best.number), None)
+    for cells in table_rows:
+        cells[0] = cells[0].lstrip("* ")
+    page.sections[-1] = page.sections[-1][:-len("</section>")] + _table(
+        headers, table_rows, set(range(1, headers.index("calibration"))), hi) + "</section>"
+    if snap.validations and best is not None:
+        v = snap.validations.get(best.number)
+        if v is not None:
+            page.notes.append(f"validation: the front and the best re-scored on {v.samples} sample(s) the search did "
+                              f"not select on ({v.metric}); best.yaml holds trial {best.number}")
+    ms = results.margins(best, objectives) if best is not None else []
+    if best is not None and ms:
+        bind = binding(ms)
+        page.section("Constraints", _table(
+            ["constraint", "limit", f"trial {best.number}", "margin", ""],
+            [[m.name, "--" if m.limit is None else f"{m.limit:.6g}", "--" if m.value is None else f"{m.value:.6g}",
+              f"{m.margin:+.4g}", "binds" if m is bind and len(ms) > 1 else ""] for m in ms], {1, 2, 3}),
+            "Every constraint of the space for the exported trial: its limit (relative ones: times the float "
+            "model's value on the evaluation data), the trial's value and the margin (> 0: met).")
+    if not front:
+        found = results.closest(rs, objectives)
+        if found is not None:
+            headers2, rows2 = results.front_table(results.front_of_all(rs), found.row, snap.validations, objectives)
+            page.section("No trial meets the constraints", f"<p>closest: {html.escape(found.text())} "
+                         "(results/&lt;study&gt;/closest.yaml)</p>" + _table(headers2, rows2, set())
+                         + "<ul>" + "".join(f"<li>{html.escape(t)}</li>"
+                                            for t in results.next_steps(found, snap.name)) + "</ul>",
+                         "The Pareto front of all trials, none feasible, the closest marked; and what to try next.")
+    if snap.simplest is not None:
+        page.section("The simplest fix", simplest_html(snap.simplest),
+                     "best.yaml is the cheapest feasible trial, with every decision the sampler made on the way. "
+                     "best_minimal.yaml reverts them one at a time (most modeled latency saved first, calibration "
+                     "last) while the floor holds; the one-line fixes change only the base YAML's calibration.")
+    _search(page)
 
-    if best is not None:
-        rows = node_info_rows(best.trial_record)
-        body = (_table(["node", "ON", "InputType", "OutputType"], rows) if rows
-                else "<p>no node_info: every node keeps hb_mapper's default placement and int8</p>")
-        body += (f"<p>calibration: <b>{html.escape(best.calibration)}</b>"
-                 f" (requested {html.escape(best.trial_record.calibration.requested)})</p>")
-        task = best.trial_record.task
-        if task:
-            body += _table(["task metric", "value"], [[k, f"{v:.6f}"] for k, v in task.items()], {1})
-        section(f"Chosen configuration (trial {best.number})", body)
-    if snap.best_yaml is not None:
-        section("Exported YAML (best.yaml)", f"<pre>{html.escape(snap.best_yaml)}</pre>")
-    if real:
-        section("Simulation vs the real toolchain", verification_html(real),
-                "Trials checked with 'tuner verify' or an imported hb_mapper log: the real figures next to the "
-                "simulated ones, and per node where a log was attached.")
 
-    fps = info.fingerprints
-    prov = [["study", snap.name], ["storage", snap.storage], ["march", str(info.march or "?")],
-            ["tuner", info.version]] + [[f"{k} sha256", v] for k, v in fps.items()]
-    section("Provenance", _table(["", ""], prov))
-    if notes:
-        sections.insert(0, "<section>" + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
-                        + "</section>")
+def _search(page: _Page) -> None:
+    """Optuna's history and PED-ANOVA importance plots of the snapshot's trials."""
+    study = _study_of(page.snap)
+    why = "Optimization history (accuracy per trial and best so far) and which knobs mattered (PED-ANOVA)."
+    if page.snap.simplest is not None:
+        why += (" PED-ANOVA ranks a knob by how it separates the best trials from the rest; a knob whose effect "
+                "shows in the warm-start baselines but that every good trial shares ranks low even when it is "
+                "the fix: the accuracy each kept decision contributes (above, 'The simplest fix') is the direct "
+                "measure.")
+    mode = page.snap.info.mode
+    page.section("Search", '<div class="grid">' + page.plot(history_figure, "history", study, mode)
+                 + page.plot(importance_figure, "importances", study, mode) + "</div>", why)
 
+
+def _chosen(page: _Page, best: Row) -> None:
+    """The exported trial's node_info, calibration and task metrics."""
+    rows = node_info_rows(best.trial_record)
+    body = (_table(["node", "ON", "InputType", "OutputType"], rows) if rows
+            else "<p>no node_info: every node keeps hb_mapper's default placement and int8</p>")
+    body += (f"<p>calibration: <b>{html.escape(best.calibration)}</b>"
+             f" (requested {html.escape(best.trial_record.calibration.requested)})</p>")
+    task = best.trial_record.task
+    if task:
+        body += _table(["task metric", "value"], [[k, f"{v:.6f}"] for k, v in task.items()], {1})
+    page.section(f"Chosen configuration (trial {best.number})", body)
+
+
+def _document(snap: ReportSnapshot, sections: list[str]) -> str:
+    """The HTML document around the sections (styles, status script, plotly inline)."""
+    from plotly.offline import get_plotlyjs
+
+    info = snap.info
     now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     title = f"tuner study {snap.name}"
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style><script>{_STATUS_JS}</script>"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
-            f"<header><h1>{html.escape(title)}</h1><p>mode {html.escape(mode)}, march "
+            f"<header><h1>{html.escape(title)}</h1><p>mode {html.escape(info.mode)}, march "
             f"{html.escape(str(info.march or '?'))}; written {now} by tuner {__version__}</p></header>"
             f"<main><div id=\"tuner-status\" data-done=\"0\"></div>{''.join(sections)}</main></body></html>")
 

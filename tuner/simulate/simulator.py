@@ -10,7 +10,6 @@ evaluation data through it once.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -25,16 +24,14 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Node, Target
-from tuner.graph.softmax import SOFTMAX_PARTS, expand_softmax, softmax_part, softmax_tensors
+from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
 from tuner.inputs.calibrated import MappedThresholds
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
-from tuner.metrics.task import LabelSet, MetricSpec, TaskScore, load_user_metrics
-from tuner.runtime import fakequant
+from tuner.metrics.task import LabelSet, MetricSpec
 from tuner.runtime.session import make_session, run_samples, with_outputs
 from tuner.simulate.calibrate import (
-    DEFAULT_SEARCH_SAMPLES,
     MIX_SENSITIVITY_SAMPLES,
     DefaultChoice,
     MixedCalibration,
@@ -47,15 +44,16 @@ from tuner.simulate.calibrate import (
 )
 from tuner.simulate.perchannel import channel_scales, channel_top
 from tuner.simulate.plan import Plan, make_plan
-from tuner.simulate.qdq import ExternalWeights, WeightCache, build_sim_model, deconv_group, plan_scales, weight_axis
+from tuner.simulate.qdq import plan_scales
 from tuner.simulate.realscales import RealCalibration, RealScales, real_plan, without_real_rules
 from tuner.simulate.scales import Scales, ScaleTable, channelwise
+from tuner.simulate.simdata import SimData
+from tuner.simulate.simmodel import SimModel
+from tuner.simulate.weights import ExternalWeights, WeightCache
 
 #: The explicit calibration a candidate is simulated with: ``default`` and ``mix`` resolved, or hb_mapper's.
 Resolved = Calibration | MixedCalibration | RealCalibration
 
-#: Evaluation inputs up to this size stay in memory after set-up (beyond it they are streamed from disk).
-SAMPLE_CACHE_BYTES = 512 * 2**20
 
 
 @dataclass
@@ -97,40 +95,24 @@ class Evaluation:
 class Simulator:
     """Evaluates candidates of one model on one data set. Not thread-safe; one per process.
 
-    ``data`` is the evaluation set. ``calibration_data`` is where ``default`` and ``mix`` choose
-    their methods, as hb_mapper does (on the calibration set, docs/hb_rules/quantizer.md §2.2): only its first
-    ``DEFAULT_SEARCH_SAMPLES`` samples are read, once, when a search first needs them. Without it
-    (None) the first evaluation sample stands in.
+    Two sides: :class:`~tuner.simulate.simmodel.SimModel` (the graph, the fake-quantized weights; pass
+    ``model_side`` to share one between simulators of the same model and target) and
+    :class:`~tuner.simulate.simdata.SimData` (the samples, their float outputs, labels, statistics).
+    ``calibration_data`` is where ``default`` and ``mix`` choose their methods (SimData).
     """
 
     def __init__(self, model: LoadedModel, target: Target, stats: dict[str, TensorStats], data: DataSet,
                  threads: int | None = None, session_cache: int = 4, thresholds: ThresholdMemo | None = None,
                  task_metrics: list[MetricSpec] | None = None, labels: LabelSet | None = None,
                  user_base: Path | None = None,
-                 calibration_data: DataSet | None = None):
-        self.model = model
-        self.target = target
-        self.stats = stats
-        self.thresholds = thresholds or ThresholdMemo(stats)
-        self.data: DataSet | list[dict[str, np.ndarray]] = data   # the samples, in memory once read (below)
-        self.threads = threads  # samples run in parallel (each session single-threaded)
-        self.task_metrics = list(task_metrics or [])   # tuner.metrics.task.MetricSpec
-        self.labels = labels                           # tuner.metrics.task.LabelSet or None
-        self.user_fns = load_user_metrics(self.task_metrics, user_base)
-        self.graph = Graph(model.proto, model.names)
-        # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
-        # (same values, bit for bit; tuner.runtime.fakequant).
-        self.fused = fakequant.library() is not None
-        self.weights = WeightCache()
-        self.external = ExternalWeights()
+                 calibration_data: DataSet | None = None, model_side: SimModel | None = None):
+        if model_side is not None and (model_side.model is not model or model_side.target is not target):
+            raise ValueError("model_side is another model's or target's")
+        self.side = model_side or SimModel(model, target)
+        self.on = SimData(model, stats, data, threads, thresholds, task_metrics, labels, user_base, calibration_data)
         self._build_memo: dict[Any, Any] = {}   # Q/DQ and bias protos shared by the builds (tuner.simulate.qdq)
         self._sessions: OrderedDict[tuple[Any, ...], ort.InferenceSession] = OrderedDict()
-        # the float model with every node's output, by (tensors, softmax expanded): one at a time
-        self._float_node_sessions: dict[tuple[tuple[str, ...], bool], ort.InferenceSession] = {}
         self._session_cache = session_cache
-        self.calibration_data = calibration_data
-        # (samples, float outputs) of the method searches
-        self._search: tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]] | None = None
         self._choices: dict[tuple[Any, ...], DefaultChoice | MixedCalibration] = {}
         self._scale_tables: dict[Resolved, Scales] = {}
         self.real: MappedThresholds | None = None   # hb_mapper's real thresholds (use_thresholds), else None
@@ -140,39 +122,67 @@ class Simulator:
         self.real_honour_qtypes = True
         self.session_builds = 0
         self.search_evaluations = 0    # model runs of default's / mix's method comparison (not mix's per-node ones)
-        # Weights do not depend on the candidate: fake-quantize them all once, here.
-        for node in self.graph:
-            if node.op_type in target.weight_ops:
-                idx, axis = target.weight_ops[node.op_type]
-                if len(node.inputs) > idx and node.inputs[idx] in self.graph.initializers:
-                    self.weights.get(self.graph.initializers[node.inputs[idx]], weight_axis(node.proto, node.op_type, axis),
-                                     deconv_group(node))
-        t0 = time.perf_counter()
-        float_session = make_session(model.proto)
-        names = model.output_names
-        # Kept in memory with their labels (when they fit SAMPLE_CACHE_BYTES) so that each
-        # evaluation does not read, check and preprocess every file again: 7.5 ms of a 125 ms
-        # evaluation on the example model.
-        self.reference = []
-        samples: list[dict[str, np.ndarray]] | None = []
-        self._labels: list[dict[str, np.ndarray]] | None = [] if labels is not None else None
-        room = SAMPLE_CACHE_BYTES
-        for i, (sample, outs) in enumerate(run_samples(float_session, names, data, threads, with_inputs=True)):
-            self.reference.append(dict(zip(names, outs)))
-            if samples is not None:
-                room -= sum(v.nbytes for v in sample.values())
-                label = labels.sample(i) if labels is not None and room >= 0 else {}
-                room -= sum(v.nbytes for v in label.values())
-                if room >= 0:
-                    samples.append(sample)
-                    if self._labels is not None:
-                        self._labels.append(label)
-                else:
-                    samples = self._labels = None
-        if samples is not None:
-            self.data = samples
-        self._ref_sq = [{o: Similarity.square_sum(v) for o, v in ref.items()} for ref in self.reference]
-        self.float_seconds = time.perf_counter() - t0
+
+    # -- the two sides' values, as attributes -------------------------------------------
+    @property
+    def model(self) -> LoadedModel:
+        return self.side.model
+
+    @property
+    def target(self) -> Target:
+        return self.side.target
+
+    @property
+    def graph(self) -> Graph:
+        return self.side.graph
+
+    @property
+    def fused(self) -> bool:
+        return self.side.fused
+
+    @property
+    def weights(self) -> WeightCache:
+        return self.side.weights
+
+    @property
+    def external(self) -> ExternalWeights:
+        return self.side.external
+
+    @property
+    def stats(self) -> dict[str, TensorStats]:
+        return self.on.stats
+
+    @property
+    def thresholds(self) -> ThresholdMemo:
+        return self.on.thresholds
+
+    @property
+    def data(self) -> DataSet | list[dict[str, np.ndarray]]:
+        return self.on.data
+
+    @property
+    def reference(self) -> list[dict[str, np.ndarray]]:
+        return self.on.reference
+
+    @property
+    def threads(self) -> int | None:
+        return self.on.threads
+
+    @property
+    def task_metrics(self) -> list[MetricSpec]:
+        return self.on.task_metrics
+
+    @property
+    def labels(self) -> LabelSet | None:
+        return self.on.labels
+
+    @property
+    def calibration_data(self) -> DataSet | None:
+        return self.on.calibration_data
+
+    @property
+    def float_seconds(self) -> float:
+        return self.on.float_seconds
 
     # -- calibration -------------------------------------------------------------------
     def use_thresholds(self, real: MappedThresholds | None, honour_qtypes: bool = True) -> None:
@@ -251,28 +261,13 @@ class Simulator:
             self.thresholds.flush()
         return self._choices[key]
 
-    def _search_set(self) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
-        """(samples, float outputs) the method searches score on: the first DEFAULT_SEARCH_SAMPLES
-        calibration samples (only those are read), else the first evaluation sample."""
-        if self._search is None:
-            if self.calibration_data is not None:
-                samples = list(itertools.islice(iter(self.calibration_data), DEFAULT_SEARCH_SAMPLES))
-            else:
-                samples = [next(iter(self.data))]
-            session = make_session(self.model.proto)
-            names = self.model.output_names
-            refs = [dict(zip(names, session.run(names, x))) for x in samples]
-            self._search = (samples, refs)
-        return self._search
-
     def _search_score(self, candidate: Candidate, method: Calibration) -> float:
         """The model-wise score of ``candidate`` under ``method`` (tuner.simulate.calibrate.search_score)."""
-        samples, refs = self._search_set()
+        samples, refs = self.on.search_set()
         # hmct compares the methods on its calibrated model, whose table ops are the graph's float ops (a
         # HardSigmoid keeps its alpha: Plan.bpu_tables)
         plan = dataclasses.replace(self.plan(candidate), bpu_tables=False)
-        # a per-channel method is compared as plain per-channel fake quant, not as deployed
-        # (docs/hb_rules/quantizer.md §1.5)
+        # a per-channel method is compared as plain per-channel fake quant, not as deployed (docs/hb_rules/quantizer.md §1.5)
         session = self._session(candidate.with_calibration(method), method, plan, [], plain=method.per_channel)
         names = self.model.output_names
         outs = [dict(zip(names, session.run(names, x))) for x in samples]
@@ -283,13 +278,10 @@ class Simulator:
         """mix's sensitivity of one calibration node: the output score with only that node
         quantized under ``method``, on MIX_SENSITIVITY_SAMPLES sample(s). One session each (not
         kept: there is one per node and method)."""
-        samples, refs = self._search_set()
+        samples, refs = self.on.search_set()
         samples, refs = samples[:MIX_SENSITIVITY_SAMPLES], refs[:MIX_SENSITIVITY_SAMPLES]
         one = dataclasses.replace(single_node_plan(plan, tensor), bpu_tables=False)   # on hmct's calibrated model
-        proto = build_sim_model(self.model.proto, self.graph, self.target, one,
-                                self.scales(method), self.weights, external=self.external, memo=self._build_memo,
-                                fused=self.fused)
-        session = make_session(proto, external=self.external)
+        session = self.side.session(self.side.build(one, self.scales(method), self._build_memo))
         self.session_builds += 1
         names = self.model.output_names
         return search_score(refs, [dict(zip(names, session.run(names, x))) for x in samples])
@@ -337,10 +329,7 @@ class Simulator:
         if key in self._sessions:
             self._sessions.move_to_end(key)
             return self._sessions[key]
-        proto = build_sim_model(self.model.proto, self.graph, self.target, plan, self.scales(calibration),
-                                self.weights, extra_outputs=extra, external=self.external, memo=self._build_memo,
-                                fused=self.fused, plain_per_channel=plain)
-        session = make_session(proto, external=self.external)
+        session = self.side.session(self.side.build(plan, self.scales(calibration), self._build_memo, extra, plain))
         self.session_builds += 1
         self._sessions[key] = session
         while len(self._sessions) > self._session_cache:
@@ -360,17 +349,17 @@ class Simulator:
         sim_names = outputs + [raw.get(t, t) for t in extra if t not in outputs]
         sims = {o: Similarity() for o in outputs}
         node_sims = {t: Similarity() for t in extra}
-        task = TaskScore(self.task_metrics, self.user_fns) if self.task_metrics else None
+        task = self.on.task_score()
         samples: list[dict[str, dict[str, float]]] = []
         if per_node:
-            float_nodes = self._float_nodes(tuple(extra), bool(plan.softmax))
+            float_nodes = self.side.float_nodes(tuple(extra), bool(plan.softmax))
             refs = run_samples(float_nodes, extra, self.data, self.threads)
         for i, outs in enumerate(run_samples(session, sim_names, self.data, self.threads)):
             values = dict(zip(sim_names, outs))
             # per_sample: each sample's own sums, merged into the pooled ones (one pass over the arrays)
             one = {o: Similarity() for o in outputs} if per_sample else sims
             for o in outputs:
-                one[o].update(self.reference[i][o], values[o], self._ref_sq[i][o])
+                one[o].update(self.reference[i][o], values[o], self.on.ref_sq(i, o))
                 if per_sample:
                     sims[o].merge(one[o])
                 if not sims[o].finite:
@@ -378,7 +367,7 @@ class Simulator:
             if per_sample:
                 samples.append({o: s.as_dict() for o, s in one.items()})
             if task is not None:
-                task.update(self.reference[i], {o: values[o] for o in outputs}, self._label(i))
+                task.update(self.reference[i], {o: values[o] for o in outputs}, self.on.label(i))
             if per_node:
                 ref = dict(zip(extra, next(refs)))
                 for t in extra:
@@ -392,58 +381,14 @@ class Simulator:
 
     def score(self, outputs: list[dict[str, np.ndarray]]
               ) -> tuple[dict[str, dict[str, float]], dict[str, float], list[dict[str, dict[str, float]]]]:
-        """Another model's outputs on this simulator's data (sample i of ``outputs`` is sample i of
-        the data), scored as :meth:`evaluate` scores its own: per output metrics pooled over the
-        samples, the task metrics, and the per-sample metrics. The real tool's quantized model is
-        compared with the simulation this way (tuner.toolchain.realrun)."""
-        if len(outputs) != len(self.reference):
-            raise ValueError(f"{len(outputs)} sample(s) of outputs for {len(self.reference)} sample(s) of data")
-        names = self.model.output_names
-        sims = {o: Similarity() for o in names}
-        task = TaskScore(self.task_metrics, self.user_fns) if self.task_metrics else None
-        samples = []
-        for i, values in enumerate(outputs):
-            missing = [o for o in names if o not in values]
-            if missing:
-                raise ValueError(f"the outputs lack {', '.join(missing)} (they have {', '.join(values)})")
-            got = {o: np.asarray(values[o], dtype=np.float32).reshape(self.reference[i][o].shape) for o in names}
-            one = {o: Similarity() for o in names}
-            for o in names:
-                one[o].update(self.reference[i][o], got[o], self._ref_sq[i][o])
-                sims[o].merge(one[o])
-            samples.append({o: s.as_dict() for o, s in one.items()})
-            if task is not None:
-                task.update(self.reference[i], got, self._label(i))
-        return {o: s.as_dict() for o, s in sims.items()}, (task.results() if task is not None else {}), samples
-
-    def _float_nodes(self, extra: tuple[str, ...], softmax: bool) -> ort.InferenceSession:
-        """The float model with every node's output, for per-node rows: built once per set of
-        tensors (the report's two traces and the log comparisons ask for the same set)."""
-        cache = self._float_node_sessions
-        key = (extra, softmax)
-        if key not in cache:
-            cache.clear()      # one at a time: a session with every output is the model's size again
-            cache[key] = make_session(with_outputs(expand_softmax(self.model.proto) if softmax else self.model.proto,
-                                                   list(extra)))
-        return cache[key]
+        """Another model's outputs on this simulator's data, scored as :meth:`evaluate` scores its own
+        (SimData.score). The real tool's quantized model is compared with the simulation this way
+        (tuner.toolchain.realrun)."""
+        return self.on.score(outputs)
 
     def float_task(self) -> dict[str, float]:
-        """The task metrics of the float model itself on this data (against the labels where there
-        are any; a metric relative to float output scores float as exact): what relative
-        constraints (``miou:seg >= 0.99 x float``) scale."""
-        if not self.task_metrics:
-            return {}
-        task = TaskScore(self.task_metrics, self.user_fns)
-        for i, ref in enumerate(self.reference):
-            task.update(ref, {o: ref[o].copy() for o in self.model.output_names}, self._label(i))
-        return task.results()
-
-    def _label(self, i: int) -> dict[str, np.ndarray] | None:
-        """Sample ``i``'s labels: from memory when set-up kept them (fresh copies, as a read gives:
-        a user metric may write into its labels), else read again."""
-        if self._labels is not None:
-            return {k: v.copy() for k, v in self._labels[i].items()}
-        return self.labels.sample(i) if self.labels is not None else None
+        """The task metrics of the float model itself on this data (SimData.float_task)."""
+        return self.on.float_task()
 
     def _softmax_rows(self, node: Node, plan: Plan, scales: Scales, sims: dict[str, Similarity], x_threshold: float | None
                       ) -> list[NodeRow]:
