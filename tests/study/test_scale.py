@@ -7,8 +7,6 @@ they are skipped only when it is absent.
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -17,6 +15,7 @@ from pathlib import Path
 import onnx
 import optuna
 import pytest
+from cli import start_tuner as tuner
 from helpers import build_tiny_model, write_tiny_space
 from optuna.trial import TrialState
 
@@ -42,11 +41,6 @@ def score(outputs_float, outputs_quant, labels):
         time.sleep(0.02)
     return 1.0
 """
-
-
-def tuner(*args, cwd, **kw):
-    return subprocess.Popen([sys.executable, "-m", "tuner", *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
 
 
 def finish(proc, timeout=240):
