@@ -103,6 +103,7 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
     assert all(v == "BPU:int16" for t in done for k, v in t.params.items() if "relu" in k)
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9(tmp_path):
     """kill -9 a search mid-trial: completed trials survive, numbering continues, the zombie is failed."""
     cfg = write_example_project(tmp_path / "ex", n_cal=8, n_eval=24)

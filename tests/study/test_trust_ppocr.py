@@ -41,6 +41,7 @@ study:
     return path
 
 
+@pytest.mark.slow
 def test_validation_closest_and_a_lowered_floor_on_a_real_detector(tmp_path):
     root = tmp_path
     r = cli("search", space(root, floor=0.99999999), cwd=root)
