@@ -1,16 +1,14 @@
 """The tuner command as users run it: a real subprocess, exit codes, one-line errors."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli import start_tuner, tuner
 
 
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+def run(*args, cwd=None, env=None):   # this module runs the command as users do: a real process
+    return tuner(*args, cwd=cwd, env=env, timeout=300, process=True)
 
 
 def test_eval_prints_node_and_output_tables(tiny_project):
@@ -37,8 +35,7 @@ def test_eval_json_has_outputs_nodes_and_fingerprints(tiny_project):
 def test_a_reader_that_stops_early_ends_the_command_quietly(tiny_project):
     """`tuner eval --json | head`: the reader closes its end before tuner writes; tuner exits with
     128 + SIGPIPE and no 'Exception ignored ... BrokenPipeError' traceback on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "eval", str(tiny_project), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_tuner("eval", tiny_project, "--json", text=False)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
     err = proc.stderr.read().decode()
@@ -197,27 +194,23 @@ def test_bad_counts_are_refused_by_the_parser(tmp_path, argv, fragment):
 def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     """In a log (stderr a pipe) long work prints a progress line every TUNER_PROGRESS_EVERY seconds
     (default 10; 0 here: every step) with trials done, the best so far and an ETA."""
-    import os
     import re
 
     from helpers import write_tiny_space
 
     space = write_tiny_space(tmp_path)
-    env = dict(os.environ, TUNER_PROGRESS_EVERY="0")
-    r = subprocess.run([sys.executable, "-m", "tuner", "sensitivity", space], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=300, env=env)
+    env = {"TUNER_PROGRESS_EVERY": "0"}
+    r = run("sensitivity", space, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     steps = re.findall(r"^node sensitivity: (\d+)/(\d+) \(\d+%\)", r.stderr, re.M)
     assert len(steps) >= 3 and steps[-1][0] == steps[-1][1]
     assert re.search(r"^node sensitivity: 1/\d+ \(\d+%\), ETA \d+", r.stderr, re.M)
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", space, "--n-trials", "6"], capture_output=True,
-                       text=True, cwd=tmp_path, timeout=300, env=env)
+    r = run("search", space, "--n-trials", 6, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     lines = re.findall(r"^trials: (\d+)/6 \(\d+%\)(.*)$", r.stderr, re.M)
     assert [int(n) for n, _ in lines][-1] == 6 and len(lines) >= 3
     assert any("best #" in rest and "ETA" in rest for _, rest in lines[:-1])
     # the default: no more than one line per 10 s (this search takes seconds: only the final one)
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", space, "--n-trials", "10"], capture_output=True,
-                       text=True, cwd=tmp_path, timeout=300)
+    r = run("search", space, "--n-trials", 10, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert len(re.findall(r"^trials: ", r.stderr, re.M)) <= 2

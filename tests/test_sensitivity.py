@@ -1,17 +1,11 @@
 """tuner sensitivity: per calibration method, and a space's gains shared with its study."""
 
 import json
-import subprocess
-import sys
 
+from cli import tuner as run
 from helpers import write_tiny_space
 
 from tuner.study.session import StudySession
-
-
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
 
 
 def test_sensitivity_per_calibration_method(tiny_project):

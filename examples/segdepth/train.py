@@ -294,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             opt.step()
             sched.step()
-            tot += loss.item(); tot_ce += ce.item(); tot_d += l1.item()
+            tot += loss.item()
+            tot_ce += ce.item()
+            tot_d += l1.item()
             if time.perf_counter() - t_train > a.budget_min * 60:
                 stopped_early = True
                 break

@@ -5,18 +5,12 @@ installed; everything else runs anywhere."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli import tuner as run
 
 DATA = Path(__file__).parent / "data"
-
-
-def run(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **(env or {})})
 
 
 def test_eval_prints_the_latency_breakdown(tiny_project):
@@ -71,8 +65,7 @@ def test_a_search_space_names_its_board(tmp_path):
 
     space = write_tiny_space(tmp_path, extra="board: desk\n")
     cache = {"TUNER_CACHE_DIR": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", str(space), "--n-trials", "2"], capture_output=True,
-                       text=True, cwd=tmp_path, timeout=900, env={**os.environ, **cache})
+    r = run("search", space, "--n-trials", 2, cwd=tmp_path, env=cache)
     assert r.returncode == 2 and "no board campaign named 'desk'" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "cache" / "stats").exists()
     perf = tmp_path / "perf.txt"

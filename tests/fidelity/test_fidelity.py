@@ -26,6 +26,9 @@ from fidelity_suite import MODELS, run_suite
 
 from tuner.toolchain import fidelity as F
 
+# the suite's conversions and simulations are shared by its tests and cost ~30 s together
+pytestmark = pytest.mark.slow
+
 KL_TIE = ("kl: hmct's search breaks a near-tie of its 9-candidate window averages differently on one tensor "
           "(p2o.Mul.30: real 27.68, sim 28.08, 1.4 %; the averages differ by < 5e-5)")
 

@@ -1,16 +1,10 @@
 import json
 import os
-import subprocess
-import sys
 
+from cli import tuner as run
 from helpers import write_int16_rules_project
 
 from tuner.inputs.nodes import list_nodes
-
-
-def run(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, env=env)
 
 
 def test_nodes_lists_hb_names_default_placement_and_int16_keys(tiny_project):

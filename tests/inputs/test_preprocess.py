@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from cli import tuner as _run
 from helpers import hb_yaml
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
@@ -287,11 +286,6 @@ def test_check_other_difference_and_unusable_files(project):
 
 
 # --------------------------------------------------------------------------- CLI
-
-def _run(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
-
 
 def test_cli_make_then_check(project):
     r = _run("make-cal-data", "hb_config.yaml", "images", "--preprocess", "prep.py:prep", "--out", "cal", cwd=project)

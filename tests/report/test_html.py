@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from cli import tuner as cli
 from helpers import write_tiny_space
 
 from tuner.study.loop import run
@@ -25,11 +26,6 @@ def finished(tmp_path_factory):
     search = StudySession.open(space, results_dir=root / "results", quiet=True)
     study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
     return root, search, study
-
-
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
 
 
 def plot_ids(text: str) -> list[str]:

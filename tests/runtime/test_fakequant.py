@@ -2,12 +2,11 @@
 
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli import tuner
 from helpers import write_example_project, write_tiny_project
 
 from tuner.candidate import Calibration, Candidate
@@ -98,11 +97,8 @@ def test_without_a_compiler_eval_still_works_and_says_why(tmp_path):
     env_ok = {"TUNER_CACHE_DIR": str(tmp_path / "c1")}
     env_none = {"TUNER_CACHE_DIR": str(tmp_path / "c2"), "CC": str(tmp_path / "no-such-cc")}
 
-    def run(env):
-        import os
-
-        return subprocess.run([sys.executable, "-m", "tuner", "eval", str(project), "--json", "--no-nodes"],
-                              capture_output=True, text=True, env={**os.environ, **env})
+    def run(env):   # a real process: the kernel is built once per process, its warning is logged
+        return tuner("eval", project, "--json", "--no-nodes", env=env, process=True)
 
     with_kernel, without = run(env_ok), run(env_none)
     assert with_kernel.returncode == 0 and without.returncode == 0, without.stderr

@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import yaml
+from cli import tuner
 from helpers import write_example_project, write_mix_project, write_reciprocal_project, write_tiny_project
 
 from tuner.candidate import Calibration, Candidate
@@ -272,18 +273,15 @@ def test_mix_takes_per_node_methods(mixp):
 def test_eval_shows_the_mix_choice_and_its_merge_info(mixp):
     """`tuner eval` prints hb's Merge_Info table for a mix YAML; --json carries the merge."""
     import json
-    import subprocess
-    import sys
 
-    path = mixp.config.path
-    run = [sys.executable, "-m", "tuner", "eval", str(path), "--no-nodes"]
-    text = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    run = ["eval", mixp.config.path, "--no-nodes"]
+    text = tuner(*run)
     assert text.returncode == 0, text.stderr
     assert "Merge_Info(cosine-similarity)" in text.stdout
     merge_line = next(line for line in text.stdout.splitlines() if line.startswith("v "))
     assert "(select)" in merge_line
     assert "calibration mix:base=kl:" in text.stdout and "; max on 2 node(s)" in text.stdout
-    out = subprocess.run(run + ["--json"], capture_output=True, text=True, timeout=300)
+    out = tuner(*run, "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)["calibration"]
     assert data["type"] == "mix"
@@ -293,24 +291,25 @@ def test_eval_shows_the_mix_choice_and_its_merge_info(mixp):
     assert len(data["ranking"]) == 3 and data["base"]["method"] == data["ranking"][0]["method"]
 
 
-def test_eval_shows_defaults_comparison(example, capsys):
+def test_eval_shows_defaults_comparison(example):
     """`tuner eval` on a default YAML prints every method default compared, with its score, and
     marks the one selected; --json carries the same list. The scores are the simulator's own."""
     import json
 
-    from tuner.cli import main
-
     cfg = example.config.path
-    assert main(["eval", str(cfg), "--no-nodes"]) == 0
-    out = capsys.readouterr().out
+    r = tuner("eval", str(cfg), "--no-nodes")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     choice = example.simulator.choice(example.base_candidate())
     chosen = next(line for line in out.splitlines() if line.endswith("<< selected"))
     assert chosen.split()[0] == choice.method.describe()
     assert sum(1 for line in out.splitlines() if line.split() and line.split()[0] in
                {m.describe() for m in DEFAULT_METHODS}) == len(choice.scores)
-    assert main(["eval", str(cfg), "--no-nodes", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["default_comparison"]
+    r = tuner("eval", str(cfg), "--no-nodes", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["default_comparison"]
     assert [(r["method"], r["score"]) for r in rows] == [(m.describe(), v) for m, v in choice.scores]
     tiny_cfg = write_tiny_project(example.config.path.parent.parent / "tiny-max")   # calibration max: none
-    assert main(["eval", str(tiny_cfg), "--no-nodes", "--json"]) == 0
-    assert "default_comparison" not in json.loads(capsys.readouterr().out)
+    r = tuner("eval", str(tiny_cfg), "--no-nodes", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "default_comparison" not in json.loads(r.stdout)

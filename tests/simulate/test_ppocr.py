@@ -152,6 +152,7 @@ def test_a_shipped_detector_opens_and_quantizes_to_a_real_loss(projects):
     assert out["max_abs"] > 0.1
 
 
+@pytest.mark.slow
 def test_b_simulator_ranks_calibration_methods_like_onnxruntime(folded):
     """Ranking of max / percentile settings: the simulator agrees with onnxruntime's own calibrators.
 
@@ -224,6 +225,7 @@ def sqnr_vs_float(ws: Workspace, model: onnx.ModelProto) -> float:
     return vs_float(ws, model).sqnr_db
 
 
+@pytest.mark.slow
 def test_d_set_all_nodes_int16_gains_what_hb_allows_not_what_onnxruntime_a16w8_gains(projects):
     """set_all_nodes_int16 on bayes-e against onnxruntime's A16W8, output SQNR vs float (folded detector).
 

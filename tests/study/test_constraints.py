@@ -3,11 +3,10 @@
 import csv
 import json
 import re
-import subprocess
-import sys
 
 import optuna
 import pytest
+from cli import tuner as cli
 from helpers import write_example_project, write_tiny_space
 
 from tuner.errors import TunerError
@@ -16,11 +15,6 @@ from tuner.study.record import Constraint, Objectives
 from tuner.study.results import margins, pareto, rows
 from tuner.study.session import StudySession
 from tuner.study.space import load_space
-
-
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=900)
 
 
 def with_objectives(space, lines):

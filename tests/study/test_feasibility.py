@@ -1,23 +1,17 @@
 """Floors and ceilings: what Optuna sees, an answer when nothing is feasible, a floor changed on a study."""
 
 import json
-import subprocess
-import sys
 
 import optuna
 import pytest
 import yaml
+from cli import tuner as cli
 from helpers import write_tiny_space
 
 from tuner.study.loop import run
 from tuner.study.results import closest, front_of_all, pareto, rows
 from tuner.study.session import StudySession
 from tuner.study.storage import StudyPaths, make_storage
-
-
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
 
 
 def with_floor(space, floor):

@@ -4,17 +4,14 @@
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
+from cli import tuner
 from helpers import write_tiny_space
 
 
 def cli(*args, cwd, cache):
-    env = dict(os.environ, TUNER_CACHE_DIR=str(cache))
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=600, env=env)
+    return tuner(*args, cwd=cwd, env={"TUNER_CACHE_DIR": str(cache)})
 
 
 def one_error(r):

@@ -7,8 +7,6 @@ they are skipped only when it is absent.
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -17,6 +15,7 @@ from pathlib import Path
 import onnx
 import optuna
 import pytest
+from cli import start_tuner as tuner
 from helpers import build_tiny_model, write_tiny_space
 from optuna.trial import TrialState
 
@@ -42,11 +41,6 @@ def score(outputs_float, outputs_quant, labels):
         time.sleep(0.02)
     return 1.0
 """
-
-
-def tuner(*args, cwd, **kw):
-    return subprocess.Popen([sys.executable, "-m", "tuner", *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
 
 
 def finish(proc, timeout=240):
@@ -89,6 +83,7 @@ def assert_exact_budget(trials, n):
     assert not [t for t in trials if t.state == TrialState.RUNNING]
 
 
+@pytest.mark.slow
 def test_three_local_workers_on_a_journal_complete_exactly_the_budget(tmp_path):
     """The trials are held until three run at once (from three worker processes), then let go:
     counting which workers completed trials would race (on 2 cores a late worker may find the
@@ -113,6 +108,7 @@ def test_three_local_workers_on_a_journal_complete_exactly_the_budget(tmp_path):
     assert status[0] == 0 and "14 completed trial(s), 0 failed, 0 running" in status[1]
 
 
+@pytest.mark.slow
 @needs_pg
 def test_three_machines_on_postgresql_complete_exactly_the_budget_and_never_show_the_password(tmp_path):
     """`tuner search --n-trials 0` creates the study; three `tuner worker` processes (as on three
@@ -176,6 +172,7 @@ def _assert_orphan_failed_and_retried(trials, orphan, done_before, n):
         assert by_number[number].state == TrialState.COMPLETE and by_number[number].values == values
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_local_worker_fails_and_retries_its_trial_once(tmp_path):
     space = slow_space(tmp_path)
     proc = tuner("search", space, "--n-trials", 14, "--jobs", 3, cwd=tmp_path)
@@ -196,6 +193,7 @@ def test_kill_9_of_a_local_worker_fails_and_retries_its_trial_once(tmp_path):
     assert f"as failed: [{orphan}]" in out
 
 
+@pytest.mark.slow
 @needs_pg
 def test_kill_9_of_a_machine_on_postgresql_is_noticed_by_its_heartbeat(tmp_path):
     """No parent process sees this worker die: only its stopped heartbeat tells the others."""

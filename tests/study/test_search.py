@@ -4,12 +4,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import optuna
 import pytest
 import yaml
+from cli import start_tuner
+from cli import tuner as cli
 from helpers import write_example_project, write_reciprocal_project, write_tiny_space
 from optuna.trial import TrialState
 
@@ -18,11 +19,6 @@ from tuner.study.loop import run
 from tuner.study.results import best, rows
 from tuner.study.session import StudySession
 from tuner.study.storage import make_storage
-
-
-def cli(*args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
 
 
 def load(results_dir, name):
@@ -107,14 +103,15 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
     assert all(v == "BPU:int16" for t in done for k, v in t.params.items() if "relu" in k)
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9(tmp_path):
     """kill -9 a search mid-trial: completed trials survive, numbering continues, the zombie is failed."""
     cfg = write_example_project(tmp_path / "ex", n_cal=8, n_eval=24)
     space = tmp_path / "space.yaml"
     space.write_text(f"base: {cfg.relative_to(tmp_path).as_posix()}\nnodes:\n  top_k: 6\n"
                      "study:\n  name: kill\n  n_trials: 200\n  warm_start: false\n")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "search", str(space), "--threads", "1"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_tuner("search", space, "--threads", 1, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
     journal = tmp_path / "results" / "kill" / "study.journal"
     deadline = time.time() + 240
     killed_with_running = False
@@ -229,8 +226,7 @@ def test_ctrl_c_and_sigterm_stop_cleanly(tmp_path, sig):
     # every BPU node free: a space too large for repeated (instant) candidates
     space.write_text(f"base: {cfg.relative_to(tmp_path).as_posix()}\n"
                      "study:\n  name: stop\n  n_trials: 100000\n  warm_start: false\n")
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "search", str(space), "--threads", "1"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_tuner("search", space, "--threads", 1, cwd=tmp_path)
     journal = tmp_path / "results" / "stop" / "study.journal"
     deadline = time.time() + 240
     while time.time() < deadline:

@@ -8,10 +8,9 @@ change beats the base YAML (per_channel 0.99700: hb's comparison and deployment 
 scales to few tensors).
 """
 
-import subprocess
-import sys
 
 import yaml
+from cli import tuner
 from helpers import write_tiny_space
 
 from tuner.study.session import StudySession
@@ -94,9 +93,7 @@ def test_one_line_fixes_are_the_completed_calibration_only_trials(tmp_path):
 
 def test_search_writes_best_minimal_and_prints_the_one_line_fix(tmp_path):
     s = session(tmp_path, "objectives:\n  mode: pareto\n  min_accuracy: 0.9985\n")
-    out = subprocess.run([sys.executable, "-m", "tuner", "search", str(s.space.path), "--n-trials", "8",
-                          "--results-dir", str(tmp_path / "cli")], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=120)
+    out = tuner("search", s.space.path, "--n-trials", 8, "--results-dir", tmp_path / "cli", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     minimal = tmp_path / "cli" / "tiny" / "best_minimal.yaml"
     text = minimal.read_text()

@@ -2,21 +2,15 @@
 scikit-image photographs, 4 evaluation and 8 calibration samples, as a user with few images has."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli import tuner as cli
 from ppocr import det_model_path, load_photo, preprocess, write_ppocr_project
 
 pytestmark = pytest.mark.skipif(det_model_path() is None, reason="rapidocr-onnxruntime is not installed")
 
 H, W = 128, 160
 EVAL_PHOTOS = ("coins", "hubble_deep_field", "moon", "logo")
-
-
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=900)
 
 
 def space(root, floor=None):
@@ -47,6 +41,7 @@ study:
     return path
 
 
+@pytest.mark.slow
 def test_validation_closest_and_a_lowered_floor_on_a_real_detector(tmp_path):
     root = tmp_path
     r = cli("search", space(root, floor=0.99999999), cwd=root)

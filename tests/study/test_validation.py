@@ -2,22 +2,16 @@
 
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli import tuner as cli
 from helpers import tiny_sample, write_tiny_space
 
 from tuner.study.loop import run
 from tuner.study.results import pareto, rows
 from tuner.study.session import StudySession
 from tuner.study.validation import Validator, choose_best, label_free, stored
-
-
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
 
 
 def eval_space(root, n_eval=3, extra=""):

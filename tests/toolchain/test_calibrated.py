@@ -13,11 +13,11 @@ import onnxruntime as ort
 import pytest
 import yaml
 from calibrated_models import calibrate, weight_max
+from cli import tuner
 from helpers import build_tiny_model, tiny_sample, write_tiny_project
 from onnx import TensorProto, helper
 
 from tuner.calib.methods import hb_kernel_percentile as kernel_percentile
-from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.inputs.calibrated import map_to_graph, parse_calibrated, read_calibrated
 from tuner.simulate.qdq import plan_scales
@@ -82,20 +82,22 @@ def test_reader_reads_every_attribute_and_ignores_unknown_ones(project, tmp_path
     assert mapped.weights["/res/Conv"] == w
 
 
-def test_reader_errors_name_the_file_or_node(project, tmp_path, capsys):
+def test_reader_errors_name_the_file_or_node(project, tmp_path):
     cfg, ws, _, scales = project
     plain = tmp_path / "plain.onnx"
     onnx.save(build_tiny_model(), str(plain))
-    assert main(["import-calibrated", str(plain), str(cfg)]) == 2
-    assert "no HzCalibration node" in capsys.readouterr().err
+    r = tuner("import-calibrated", str(plain), str(cfg))
+    assert r.returncode == 2, r.stderr
+    assert "no HzCalibration node" in r.stderr
     # a node whose tensor tuner cannot map
     m = calibrate(build_tiny_model(), {"x": {"thresholds": [50.0]}})
     m.graph.node[0].input[0] = "nowhere"
     m.graph.input.append(helper.make_tensor_value_info("nowhere", TensorProto.FLOAT, [1, 4, 16, 16]))
     bad = tmp_path / "bad.onnx"
     onnx.save(m, str(bad))
-    assert main(["import-calibrated", str(bad), str(cfg), "--no-run"]) == 2
-    err = capsys.readouterr().err
+    r = tuner("import-calibrated", str(bad), str(cfg), "--no-run")
+    assert r.returncode == 2, r.stderr
+    err = r.stderr
     assert "x_HzCalibration" in err and "'nowhere'" in err and "Traceback" not in err
     # a malformed attribute names the node
     m = calibrate(build_tiny_model(), {"x": {"thresholds": [float("nan")]}})
@@ -106,14 +108,16 @@ def test_reader_errors_name_the_file_or_node(project, tmp_path, capsys):
         parse_calibrated(m, tmp_path / "sw.onnx")
 
 
-def test_eval_with_own_max_thresholds_reproduces_eval_max(project, tmp_path, capsys):
+def test_eval_with_own_max_thresholds_reproduces_eval_max(project, tmp_path):
     cfg, ws, plan, scales = project
     path = tmp_path / "own_calibrated_model.onnx"
     onnx.save(own_max_model(ws, plan, scales), str(path))
-    assert main(["eval", str(cfg), "--json", "--no-nodes"]) == 0
-    ref = json.loads(capsys.readouterr().out)
-    assert main(["eval", str(cfg), "--json", "--no-nodes", "--thresholds", str(path)]) == 0
-    got = json.loads(capsys.readouterr().out)
+    r = tuner("eval", str(cfg), "--json", "--no-nodes")
+    assert r.returncode == 0, r.stderr
+    ref = json.loads(r.stdout)
+    r = tuner("eval", str(cfg), "--json", "--no-nodes", "--thresholds", str(path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
     assert got["calibration"]["type"] == "real"
     for out, m in ref["outputs"].items():
         assert got["outputs"][out]["cosine"] == pytest.approx(m["cosine"], abs=1e-6)
@@ -140,33 +144,38 @@ def test_real_thresholds_change_the_simulation(project, tmp_path):
     assert real.mean_cosine != base.mean_cosine
 
 
-def test_eval_with_thresholds_counts_the_calibrated_models_qtypes(project, tmp_path, capsys):
+def test_eval_with_thresholds_counts_the_calibrated_models_qtypes(project, tmp_path):
     """The summary's int16 count is the YAML's plan; the real qtypes, which are what is simulated,
     are counted beside it (the mixed model has one int16 and one uint8 tensor where the plan has int8)."""
     cfg, ws, plan, scales = project
     path = tmp_path / "mixed_calibrated_model.onnx"
     onnx.save(mixed_model(ws, scales), str(path))
-    assert main(["eval", str(cfg), "--no-nodes", "--thresholds", str(path)]) == 0
-    out = capsys.readouterr().out
+    r = tuner("eval", str(cfg), "--no-nodes", "--thresholds", str(path))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     assert "0 int16 node(s)" in out
     line = next(x for x in out.splitlines() if x.startswith("hb_mapper's calibrated model quantizes"))
     assert "1 int16" in line and "1 uint8" in line
-    assert main(["eval", str(cfg), "--json", "--no-nodes", "--thresholds", str(path)]) == 0
-    got = json.loads(capsys.readouterr().out)
+    r = tuner("eval", str(cfg), "--json", "--no-nodes", "--thresholds", str(path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
     assert got["real_qtypes"]["int16"] == 1 and got["real_qtypes"]["uint8"] == 1
-    assert main(["eval", str(cfg), "--json", "--no-nodes"]) == 0
-    assert "real_qtypes" not in json.loads(capsys.readouterr().out)
+    r = tuner("eval", str(cfg), "--json", "--no-nodes")
+    assert r.returncode == 0, r.stderr
+    assert "real_qtypes" not in json.loads(r.stdout)
 
 
-def test_import_calibrated_table_differences_and_pc_check(project, tmp_path, capsys):
+def test_import_calibrated_table_differences_and_pc_check(project, tmp_path):
     cfg, ws, plan, scales = project
     path = tmp_path / "mixed_calibrated_model.onnx"
     onnx.save(mixed_model(ws, scales), str(path))
-    assert main(["import-calibrated", str(path), str(cfg)]) == 0
-    text = capsys.readouterr().out
+    r = tuner("import-calibrated", str(path), str(cfg))
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
     assert "Threshold real" in text and "Closest tuner method" in text and "PC check" in text
-    assert main(["import-calibrated", str(path), str(cfg), "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    r = tuner("import-calibrated", str(path), str(cfg), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
     report = CalibratedReport.from_dict(d)
     assert report.as_dict() == d
     rows = {r.node: r for r in report.rows}
@@ -202,7 +211,7 @@ def test_plan_differences_where_hb_quantizes_what_tuner_does_not(project, tmp_pa
     assert "hb_mapper quantizes it; tuner does not" in text
 
 
-def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, tmp_path, capsys):
+def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, tmp_path):
     """Same tensor names, other channel counts (e.g. the calibrated model of another model size):
     exit 2 naming the node, before the simulation or the PC check would fail on the shapes."""
     cfg, ws, _, scales = project
@@ -216,8 +225,9 @@ def test_calibrated_model_of_another_width_is_an_error_naming_the_node(project, 
         onnx.save(m, str(path))
         for argv in (["eval", str(cfg), "--no-nodes", "--thresholds", str(path)], ["import-calibrated", str(path),
                                                                                      str(cfg)]):
-            assert main(argv) == 2
-            err = capsys.readouterr().err
+            r = tuner(*argv)
+            assert r.returncode == 2
+            err = r.stderr
             assert node in err and f"{keep} per-channel thresholds" in err and "Traceback" not in err
 
 
@@ -245,7 +255,7 @@ def test_conv_transpose_weight_thresholds_must_be_one_per_output_channel(tmp_pat
                 map_to_graph(cal, graph)
 
 
-def test_calibrated_model_of_another_model_and_missing_files_exit_2(project, tmp_path, capsys):
+def test_calibrated_model_of_another_model_and_missing_files_exit_2(project, tmp_path):
     cfg, *_ = project
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
     y = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 16, 16])
@@ -257,17 +267,20 @@ def test_calibrated_model_of_another_model_and_missing_files_exit_2(project, tmp
     path = tmp_path / "other_calibrated_model.onnx"
     onnx.save(other, str(path))
     for argv in (["import-calibrated", str(path), str(cfg)], ["eval", str(cfg), "--thresholds", str(path)]):
-        assert main(argv) == 2
-        err = capsys.readouterr().err
+        r = tuner(*argv)
+        assert r.returncode == 2
+        err = r.stderr
         assert "conv_out_HzCalibration" in err and "calibrated model of this YAML's onnx_model" in err
     missing = tmp_path / "nowhere_calibrated_model.onnx"
     for argv in (["import-calibrated", str(missing), str(cfg)], ["eval", str(cfg), "--thresholds", str(missing)]):
-        assert main(argv) == 2
-        assert "no such file" in capsys.readouterr().err
-    assert main(["import-calibrated", str(path), str(tmp_path / "none.yaml")]) == 2
-    assert "none.yaml" in capsys.readouterr().err
-    assert main(["import-calibrated", str(path), str(cfg), "--march", "nonsense"]) == 2
-    assert "march 'nonsense'" in capsys.readouterr().err
+        r = tuner(*argv)
+        assert r.returncode == 2 and "no such file" in r.stderr
+    r = tuner("import-calibrated", str(path), str(tmp_path / "none.yaml"))
+    assert r.returncode == 2, r.stderr
+    assert "none.yaml" in r.stderr
+    r = tuner("import-calibrated", str(path), str(cfg), "--march", "nonsense")
+    assert r.returncode == 2, r.stderr
+    assert "march 'nonsense'" in r.stderr
 
 
 def test_pc_runner_honours_dequantize_scale_and_qtypes(project, tmp_path):
@@ -404,7 +417,7 @@ def hb_like_graph() -> onnx.ModelProto:
     return model
 
 
-def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
+def test_percentile_reading_names_the_supported_reading(tmp_path):
     """Thresholds made with the kernel's rule are recognised as such, per tensor and overall."""
 
     cfg = write_tiny_project(tmp_path / "p")
@@ -424,15 +437,17 @@ def test_percentile_reading_names_the_supported_reading(tmp_path, capsys):
     # the table's max-percentile method is the one tuner simulates (tuner's own threshold for this YAML)
     for r in report.rows:
         assert r.methods["max-percentile 0.999"] == pytest.approx(r.tuner, rel=1e-9), r.tensor
-    assert main(["import-calibrated", str(path), str(cfg)]) == 0
-    assert "the thresholds support the kernel's k-th largest" in capsys.readouterr().out
+    r = tuner("import-calibrated", str(path), str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "the thresholds support the kernel's k-th largest" in r.stdout
     # thresholds made with the other reading are recognised as that one
     pooled = pooled_thresholds(ws.model, ws.calibration_data, tensors, 0.999)
     onnx.save(calibrate(hb_graph, {t: {"thresholds": [pooled[t]]} for t in tensors}), str(path))
     p = build_report(ws, read_calibrated(path), run_pc=False).percentile
     assert p is not None and p.verdict == "pooled" and p.pooled_wins > p.kernel_wins
-    assert main(["import-calibrated", str(path), str(cfg), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["percentile"]["verdict"] == "pooled"
+    r = tuner("import-calibrated", str(path), str(cfg), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["percentile"]["verdict"] == "pooled"
 
 
 def test_search_space_thresholds_key(tmp_path, project):
@@ -469,7 +484,8 @@ def test_a_search_with_the_thresholds_key_simulates_every_trial_with_the_real_th
     onnx.save(mixed_model(ws, scales), str(tmp_path / "tiny_calibrated_model.onnx"))
     space_path.write_text(space_path.read_text() + "thresholds: tiny_calibrated_model.onnx\n")
     results = tmp_path / "results"
-    assert main(["search", str(space_path), "--n-trials", "4", "--threads", "1", "--results-dir", str(results)]) == 0
+    r = tuner("search", str(space_path), "--n-trials", "4", "--threads", "1", "--results-dir", str(results))
+    assert r.returncode == 0, r.stderr
     with open(results / "tiny" / "trials.csv") as f:
         trials = list(csv.DictReader(f))
     assert len(trials) >= 4 and all(t["calibration"].startswith("real thresholds") for t in trials)
@@ -495,7 +511,7 @@ def without_calibration_lists(space_path):
     return space_path
 
 
-def test_thresholds_pin_the_calibration_to_the_base_yamls(tmp_path, project, capsys):
+def test_thresholds_pin_the_calibration_to_the_base_yamls(tmp_path, project):
     """The calibrated model's thresholds come from one calibration: a space with thresholds: does
     not search calibration_type (a kl trial would be scored with max's thresholds and export a YAML
     that makes hb_mapper compute others), and a space that lists calibration values with it is refused."""
@@ -509,8 +525,9 @@ def test_thresholds_pin_the_calibration_to_the_base_yamls(tmp_path, project, cap
     listed.write_text(listed.read_text() + "thresholds: tiny_calibrated_model.onnx\n")
     with pytest.raises(TunerError, match=r"thresholds: and calibration.calibration_type: \['max', 'kl'\] contradict"):
         load_space(listed)
-    assert main(["search", str(listed), "--n-trials", "1", "--results-dir", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err
+    r = tuner("search", str(listed), "--n-trials", "1", "--results-dir", str(tmp_path / "r"))
+    assert r.returncode == 2, r.stderr
+    err = r.stderr
     assert "contradict" in err and "Traceback" not in err and not (tmp_path / "r").exists()
     space = load_space(without_calibration_lists(listed))
     assert space.knobs.free() == {} and space.knobs.calibration_type == ("max",)

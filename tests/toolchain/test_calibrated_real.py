@@ -17,9 +17,9 @@ import numpy as np
 import onnx
 import pytest
 import yaml
+from cli import tuner
 from helpers import write_example_project
 
-from tuner.cli import main
 from tuner.inputs.realmatch import load_thresholds
 from tuner.metrics import Similarity
 from tuner.toolchain.hbexec import run_models
@@ -69,10 +69,11 @@ def _agreement(tc, cfg, conv, calibrated=None):
     return ws, ev, figures, {o: s.cosine for o, s in direct.items()}
 
 
-def test_import_calibrated_reads_the_real_file(runs, capsys):
+def test_import_calibrated_reads_the_real_file(runs):
     cfg, conv = runs["max"]
-    assert main(["import-calibrated", str(conv.model("calibrated")), str(cfg), "--no-run", "--json"]) == 0
-    got = json.loads(capsys.readouterr().out)
+    r = tuner("import-calibrated", str(conv.model("calibrated")), str(cfg), "--no-run", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
     not_compared = {u["node"]: u["reason"] for u in got["unmapped"]}
     # hb_mapper's Where split (Cast/Equal/Cast and Mul/Mul/Add): tuner's graph splits it the same way now
     assert "/Where_cast_output_HzCalibration" not in not_compared
@@ -86,15 +87,16 @@ def test_import_calibrated_reads_the_real_file(runs, capsys):
     assert got["nodes"] == len(got["rows"]) + len(got["unmapped"])
 
 
-def test_eval_thresholds_reproduces_the_real_calibrated_model(hb_toolchain, runs, capsys):
+def test_eval_thresholds_reproduces_the_real_calibrated_model(hb_toolchain, runs):
     cfg, conv = runs["max"]
     ws, ev, real, direct = _agreement(hb_toolchain, cfg, conv)
     for o, m in real.items():
         assert abs(ev.outputs[o]["cosine"] - m["cosine"]) < COSINE_TOL, (o, ev.outputs[o]["cosine"], m["cosine"])
         assert direct[o] > DIRECT_MIN, (o, direct[o])
     # the CLI says the same (and the real model's figures are those realrun measures)
-    assert main(["eval", str(cfg), "--no-nodes", "--json", "--thresholds", str(conv.model("calibrated"))]) == 0
-    got = json.loads(capsys.readouterr().out)
+    r = tuner("eval", str(cfg), "--no-nodes", "--json", "--thresholds", str(conv.model("calibrated")))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
     rr = measure(hb_toolchain, conv, ws.simulator, str(cfg), "cal", models=("calibrated",))
     for o, m in rr.calibrated.outputs.items():
         assert abs(got["outputs"][o]["cosine"] - m["cosine"]) < COSINE_TOL

@@ -7,15 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli import tuner as cli
 from helpers import write_tiny_project
 
 FAKE = Path(__file__).with_name("fake_hb_mapper.py")
 NODE_INFO = "{'/gate/Sigmoid': {'InputType': 'int16', 'OutputType': 'int16'}, '/res/Add': {'OutputType': 'int16'}}"
-
-
-def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
 
 
 def fake_hb_mapper(cfg: Path, **env) -> Path:

@@ -1,12 +1,12 @@
 """tuner verify end to end: a real study, real subprocesses (the stand-in hb_mapper, shell commands)."""
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli import tuner as cli
 from helpers import write_tiny_space
 
 from tuner.study.loop import run
@@ -19,11 +19,6 @@ from tuner.toolchain.records import comparison_for_trial, real_record, real_reco
 from tuner.toolchain.verify import StudyContext, verify_study
 
 FAKE = Path(__file__).with_name("fake_hb_mapper.py")
-
-
-def cli(*args, cwd, env=None):
-    return subprocess.run([sys.executable, "-m", "tuner", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=600, env=None if env is None else {**os.environ, **env})
 
 
 @pytest.fixture(scope="module")
