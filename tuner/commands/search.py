@@ -257,8 +257,9 @@ def report(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    from tuner.study.outcome import read_outcome
     from tuner.study.storage import open_existing, study_info
-    from tuner.toolchain.verify import real_summary
+    from tuner.toolchain.verified import real_summary
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     if args.json:
@@ -269,9 +270,10 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(study_status(study, paths).to_json(), indent=2, allow_nan=False))
         return 0
     info = study_info(study)
+    found = read_outcome(study, info.objectives)       # read once: the summary and the real figures
     print(f"study {study.study_name}: mode {info.mode}, march {info.march}, base {info.base_path}")
-    print_summary(study, paths)
-    real = real_summary(study)
+    print_summary(study, paths, found)
+    real = real_summary(found)
     if real:
         print(f"\n{real}")
     return 0
@@ -282,7 +284,7 @@ def export(args: argparse.Namespace) -> int:
     from tuner.study.outcome import read_outcome
     from tuner.study.outputs import export_trial
     from tuner.study.storage import open_existing, study_info
-    from tuner.toolchain.verify import best_real
+    from tuner.toolchain.verified import best_real
 
     if args.out:
         if Path(args.out).is_dir():
@@ -302,7 +304,7 @@ def export(args: argparse.Namespace) -> int:
                              f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
         row = match[0]
     elif args.by == "real":
-        real = best_real(study, info.mode, info.objectives.min_accuracy)
+        real = best_real(found)
         if real is None:
             raise TunerError(f"study {study.study_name!r} has no trial with a real accuracy that meets the constraints; "
                              "run 'tuner verify' first, or export by the simulated figure")
