@@ -25,6 +25,7 @@ Times are wall clock on a machine shared with other jobs: compare the ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -82,8 +83,8 @@ def bench(root: Path, n_trials: int, top_k: int | None, repeat: int) -> list[str
     trial_s = statistics.median(r.seconds for r in recs)
     n_all = len(study.get_trials(deepcopy=False))
 
-    snap_s, snap = timed(lambda: snapshot(study, search.paths, "x", search.sensitivity), repeat)
-    traces_s, traces = timed(lambda: search.traces(snap.rows))   # two per-node evaluations (first: not cached)
+    snap_s, snap = timed(lambda: snapshot(study, search.place.paths, "x", search.problem.sensitivity), repeat)
+    traces_s, traces = timed(lambda: search.report_source.draw_traces(snap.rows)[0])   # two per-node evaluations (first: not cached)
     snap.traces = traces
     render_s, page = timed(lambda: report_html.render(snap), repeat)
 
@@ -117,16 +118,20 @@ def bench(root: Path, n_trials: int, top_k: int | None, repeat: int) -> list[str
     # What the search waits for. Mid-run: the snapshot without simulating, the page in a thread.
     rf = search.report_file
     last = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE][-1]
-    search._traces.clear()                    # as in a search: no trace evaluated yet
+    def forget_traces() -> None:   # the per-node evaluations the scorer keeps
+        sc = search.scorer
+        sc._cache.update({k: dataclasses.replace(e, per_node=None) for k, e in sc._cache.items()})
+
+    forget_traces()                           # as in a search: no trace evaluated yet
     t0 = time.perf_counter()
     rf.after_trial(study, last)
     after_trial_s = time.perf_counter() - t0
     rf.join()
     mid_draw_s = time.perf_counter() - t0
-    mid_page = search.paths.report.read_text(encoding="utf-8")
-    search._traces.clear()
+    mid_page = search.place.paths.report.read_text(encoding="utf-8")
+    forget_traces()
     finish_s, _ = timed(lambda: rf.finish(study))   # the full report, traces evaluated: end of search, Ctrl-C
-    trace_drawn = 'id="trace"' in search.paths.report.read_text(encoding="utf-8")
+    trace_drawn = 'id="trace"' in search.place.paths.report.read_text(encoding="utf-8")
 
     # The page at the issue's size: the traces' nodes repeated until there are 464 or more.
     k = -(-464 // len(traces[0].nodes))
@@ -137,12 +142,12 @@ def bench(root: Path, n_trials: int, top_k: int | None, repeat: int) -> list[str
     snap.traces = traces
 
     full_s = snap_s + traces_s + render_s
-    n_nodes = len(search.ws.graph)
+    n_nodes = len(search.problem.ws.graph)
     lines = [
         f"### PP-OCRv4 det: {raw_nodes} ONNX nodes, {n_nodes} after tuner's graph rewrites, "
-        f"{len(search.resolved.decisions)} node decisions",
+        f"{len(search.problem.resolved.decisions)} node decisions",
         "",
-        f"{len(search.ws.eval_data)} evaluation samples at 1x3x256x320; study of {n_trials} trials ({n_all} created, "
+        f"{len(search.problem.ws.eval_data)} evaluation samples at 1x3x256x320; study of {n_trials} trials ({n_all} created, "
         f"{len(recs)} simulated, the rest repeats); session open {open_s:.1f} s (statistics + node sensitivity), "
         f"search {search_s:.1f} s.",
         "",
@@ -151,7 +156,7 @@ def bench(root: Path, n_trials: int, top_k: int | None, repeat: int) -> list[str
         f"| one trial (median of {len(recs)}) | {trial_s:.3f} | 1.0 | the baseline |",
         f"| snapshot: study reads | {snap_s:.4f} | {snap_s / trial_s:.3f} | rows, trials, real records, best.yaml |",
         f"| snapshot: per-node traces | {traces_s:.3f} | {traces_s / trial_s:.1f} | two evaluations with all "
-        f"{n_nodes} node outputs on {len(search.ws.eval_data)} samples |",
+        f"{n_nodes} node outputs on {len(search.problem.ws.eval_data)} samples |",
         f"| render (whole page) | {render_s:.3f} | {render_s / trial_s:.2f} | {len(page) / 1e6:.1f} MB |",
         f"| render, old (deep-copying study) | {old_render_s:.3f} | {old_render_s / trial_s:.1f} | same run; "
         f"{old_render_s / render_s:.0f}x the new |",

@@ -150,7 +150,7 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
     search = StudySession.open(SPACE, name, storage, tmp / "results", quiet=True)
     study = search.study(seed=0)
     # n_fill completed trials, as the search would have written them
-    src = search.resolved
+    src = search.problem.resolved
     rng = random.Random(0)
     record = None
     dists = src.distributions()
@@ -162,8 +162,8 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
             params[pname] = rng.choice(values)
         if record is None:
             cand = src.candidate(params)
-            ev = search.ws.simulator.evaluate(cand)  # the probe's stand-in evaluation returns it too
-            lat = search.cost.latency(ev.plan)
+            ev = search.problem.ws.simulator.evaluate(cand)  # the probe's stand-in evaluation returns it too
+            lat = search.problem.cost.latency(ev.plan)
             record = TrialRecord(key="", accuracy=0.99, outputs=ev.outputs, task=ev.task,
                                  latency=Latency.from_json(lat.as_dict()), counts=Counts.from_json(ev.counts()),
                                  calibration=CalibrationUsed("max", "max"), candidate_fields=cand.to_yaml_fields(),
@@ -184,7 +184,7 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
             time.sleep(eval_ms / 1000)
             return ev
 
-    search.ws._simulator = FixedCost()
+    search.problem.ws._simulator = FixedCost()
     timed = TimedStorage(study._storage)
     study._storage = timed
     sampler_s = [0.0]
@@ -198,11 +198,11 @@ def bench_storage(tmp: Path, kind: str, url: str | None, n_fill: int, n_probe: i
             sampler_s[0] += time.perf_counter() - t
 
     study.sampler.sample_relative = timed_sample
-    search.load_done(study)
+    search.scorer.index(study)
     t0 = time.perf_counter()
     def after(st, t):  # as tuner's workers do: the anytime results
         if t.state == TrialState.COMPLETE:
-            search.write_results(st, trial=t)
+            search.result_files.write(st, trial=t)
 
     optimize_until(search, study, n_fill + n_probe, None, [after])
     wall = time.perf_counter() - t0

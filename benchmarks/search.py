@@ -264,7 +264,7 @@ def run_method(tmp: Path, method: Method, budgets: list[int], seed: int, increme
     open_s = time.perf_counter() - t0
     if not method.warm_start:
         search.enqueue_warm_start = lambda study: 0  # plain random search: nothing enqueued
-    decisions = [(d.param, d.choices) for d in search.resolved.decisions], dict(search.resolved.calibration_params)
+    decisions = [(d.param, d.choices) for d in search.problem.resolved.decisions], dict(search.problem.resolved.calibration_params)
     at = {}
     t0 = time.perf_counter()
     for b in (budgets if incremental else budgets[-1:]):

@@ -126,7 +126,7 @@ def run_study(search, budget: int, seed: int, warm: bool = True):
     t0 = time.perf_counter()
     study, info = run(search, n_trials=budget, timeout=None, jobs=1, seed=seed, progress=False)
     if info.get("stopped") or info["interrupted"]:
-        raise SystemExit(f"{search.name}: the study stopped early: {info}")
+        raise SystemExit(f"{search.place.name}: the study stopped early: {info}")
     search.last_study = study     # for the real-toolchain check (bench_real)
     return sorted(rows(study), key=lambda r: r.number), time.perf_counter() - t0
 
@@ -303,7 +303,7 @@ def bench_real(prep: Prepared, search, t_rows, goal, task_name, tc, level: str) 
     from tuner.toolchain.realrun import measure
     from tuner.toolchain.verify import StudyContext
 
-    sim, cost = search.ws.simulator, search.cost
+    sim, cost = search.problem.ws.simulator, search.problem.cost
     knobs = CompileKnobs(optimize_level=level)
     lines: list[RealLine] = []
 
@@ -327,10 +327,10 @@ def bench_real(prep: Prepared, search, t_rows, goal, task_name, tc, level: str) 
                         note)
 
     # tuner's winner, verified
-    ctx = StudyContext(search.last_study, search.paths)
+    ctx = StudyContext(search.last_study, search.place.paths)
     ok = sorted((r for r in t_rows if meets(r, goal) and not r.duplicate),
                 key=lambda r: (r.latency_ms, -goal_accuracy(r, goal), r.number))
-    folder = Path(search.paths.root) / "real"
+    folder = Path(search.place.paths.root) / "real"
     folder.mkdir(parents=True, exist_ok=True)
     tried = []
     for row in ok[:VERIFY_TOP]:
@@ -343,8 +343,8 @@ def bench_real(prep: Prepared, search, t_rows, goal, task_name, tc, level: str) 
             break
     lines += tried
     # hmct's layerwise search on the base YAML
-    base_yaml = Path(search.space.base)
-    base_cand = search.ws.base_candidate()
+    base_yaml = Path(search.problem.space.base)
+    base_cand = search.problem.ws.base_candidate()
     for k in LAYERWISE_K:
         lw = Layerwise(topk=k)
         t0 = time.perf_counter()

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tuner.study.results", "tuner.study.record"),   # a study's trials read back, the trial record (the report reads them)
     ("tuner.report",),           # terminal tables, JSON, CSV, report.html
     ("tuner.study",),            # space files, the Optuna study (it rewrites its report as it goes)
-    ("tuner.toolchain.verify", "tuner.rank"),  # the toolchain and the sensitivity ranking run on a study
+    ("tuner.toolchain.verify", "tuner.toolchain.verified", "tuner.rank"),  # the toolchain and the ranking on a study
     ("tuner.commands",),         # the subcommands: parse, call the library, render
     ("tuner.cli", "tuner.__main__"),
 ]

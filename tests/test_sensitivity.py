@@ -37,7 +37,7 @@ def test_sensitivity_of_a_space_is_the_studys_cache(tmp_path):
     stored["gains"][node]["cpu"] = 123.0
     cache.write_text(json.dumps(stored))
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
-    assert search.sensitivity[node] == 123.0
+    assert search.problem.sensitivity[node] == 123.0
 
 
 def test_an_interrupted_ranking_keeps_its_finished_part_and_continues(tmp_path):

@@ -81,10 +81,10 @@ def test_a_search_space_names_its_board(tmp_path):
         plain = StudySession.open(write_tiny_space(tmp_path / "plain"), results_dir=tmp_path / "results2", quiet=True)
     finally:
         del os.environ["TUNER_CACHE_DIR"]
-    cand = plain.ws.base_candidate()
-    a = on_board.cost.latency(on_board.ws.simulator.plan(cand))
-    p = plain.cost.latency(plain.ws.simulator.plan(cand))
-    assert a.total_ms != pytest.approx(p.total_ms) and on_board.cost.board.label != plain.cost.board.label
+    cand = plain.problem.ws.base_candidate()
+    a = on_board.problem.cost.latency(on_board.problem.ws.simulator.plan(cand))
+    p = plain.problem.cost.latency(plain.problem.ws.simulator.plan(cand))
+    assert a.total_ms != pytest.approx(p.total_ms) and on_board.problem.cost.board.label != plain.problem.cost.board.label
 
 
 def test_fit_on_the_tiny_model(hb_toolchain, tiny_project):

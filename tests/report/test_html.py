@@ -34,7 +34,7 @@ def plot_ids(text: str) -> list[str]:
 
 def test_search_writes_a_self_contained_report(finished):
     root, search, study = finished
-    page = search.paths.report.read_text(encoding="utf-8")
+    page = search.place.paths.report.read_text(encoding="utf-8")
     # offline: plotly is inline, nothing is fetched
     assert "Plotly" in page and not re.search(r"<script[^>]+src=", page) and not re.search(r"<link[^>]+href=", page)
     assert plot_ids(page) == ["pareto", "history", "importances", "sensitivity", "trace"]
@@ -42,16 +42,16 @@ def test_search_writes_a_self_contained_report(finished):
     assert f"Chosen configuration (trial {top.number})" in page
     for name, d in (top.record["candidate"]["model_parameters"].get("node_info") or {}).items():
         assert f"<td>{html.escape(name)}</td><td>{d.get('ON', '')}</td>" in page
-    assert html.escape(search.paths.best.read_text(encoding="utf-8")) in page
-    assert "<h2>The simplest fix</h2>" in page and search.paths.best_minimal.is_file()   # written before the report
-    for fp in search.fingerprints().values():
+    assert html.escape(search.place.paths.best.read_text(encoding="utf-8")) in page
+    assert "<h2>The simplest fix</h2>" in page and search.place.paths.best_minimal.is_file()   # written before the report
+    for fp in search.problem.fingerprints.values():
         assert fp in page
 
 
 def test_traces_follow_the_placement_the_trial_recorded(finished):
     _, search, study = finished
     rs = rows(study)
-    exported, baseline = search.traces(rs)
+    exported, baseline = search.report_source.draw_traces(rs)[0]
     top = best(rs, "pareto", None)
     assert exported.trial == top.number
     # against the baseline a user starts from: the most accurate all-int8 one, not the first
@@ -61,12 +61,12 @@ def test_traces_follow_the_placement_the_trial_recorded(finished):
     # all-int8: error enters somewhere, and a float CPU node fed float inputs is exact
     cos = [n["cosine"] for n in baseline.nodes if n["cosine"] is not None]
     assert min(cos) < 0.99999 and len(cos) > 5
-    assert [n["name"] for n in exported.nodes] == [n.name for n in search.ws.graph]
+    assert [n["name"] for n in exported.nodes] == [n.name for n in search.problem.ws.graph]
 
 
 def test_tuner_report_redraws_and_survives_missing_model_files(finished, tmp_path):
     root, search, _ = finished
-    report = search.paths.report
+    report = search.place.paths.report
     report.unlink()
     r = cli("report", "tiny", "--results-dir", root / "results", cwd=root)
     assert r.returncode == 0, r.stderr
@@ -97,13 +97,13 @@ def test_report_draws_in_headless_chromium(finished, tmp_path):
     record of how many plots drew and which script errors occurred."""
     assert CHROMIUM, "CI must have chromium (.ci/run installs it)"
     _, search, study = finished
-    search.write_report(study, force=True)
-    page = search.paths.report.read_text(encoding="utf-8")
+    search.report_file.write(study, force=True)
+    page = search.place.paths.report.read_text(encoding="utf-8")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
              "--virtual-time-budget=15000", "--window-size=1400,1000"]
-    r = subprocess.run([CHROMIUM, *flags, "--dump-dom", search.paths.report.resolve().as_uri()],
+    r = subprocess.run([CHROMIUM, *flags, "--dump-dom", search.place.paths.report.resolve().as_uri()],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     status = re.search(r'<div id="tuner-status"([^>]*)>', r.stdout)
@@ -115,7 +115,7 @@ def test_report_draws_in_headless_chromium(finished, tmp_path):
     console_errors = [line for line in r.stderr.splitlines() if "CONSOLE" in line and "Uncaught" in line]
     assert not console_errors
     shot = tmp_path / "report.png"
-    r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", search.paths.report.resolve().as_uri()],
+    r = subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", search.place.paths.report.resolve().as_uri()],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and shot.stat().st_size > 20_000
 
@@ -139,7 +139,7 @@ def test_optuna_dashboard_reads_the_study_as_it_is(finished):
     assert exe, "optuna-dashboard is in the test extra"
     _, search, study = finished
     port = _free_port()
-    proc = subprocess.Popen([exe, str(search.paths.journal), "--host", "127.0.0.1", "--port", str(port)],
+    proc = subprocess.Popen([exe, str(search.place.paths.journal), "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -173,6 +173,6 @@ def test_single_objective_studies_draw_every_plot(tmp_path, mode, extra):
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
     assert len(study.directions) == 1
-    page = search.paths.report.read_text(encoding="utf-8")
+    page = search.place.paths.report.read_text(encoding="utf-8")
     assert plot_ids(page) == ["pareto", "history", "importances", "sensitivity", "trace"]
     assert 'class="note"' not in page

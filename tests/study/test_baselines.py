@@ -15,18 +15,18 @@ NEVER = Goal(min_accuracy=1.5)
 def tiny(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("baselines")
     search = StudySession.open(write_tiny_space(tmp), results_dir=tmp / "results", quiet=True)
-    nodes = [n for d in search.resolved.decisions if d.default_choice != "CPU" for n in d.nodes]
-    alone = alone_int8(search.ws.simulator, "mean_cosine", MAX, nodes)
+    nodes = [n for d in search.problem.resolved.decisions if d.default_choice != "CPU" for n in d.nodes]
+    alone = alone_int8(search.problem.ws.simulator, "mean_cosine", MAX, nodes)
     return search, alone
 
 
 def scorer(search):
-    return Scorer(search.ws.simulator, search.cost, "mean_cosine")
+    return Scorer(search.problem.ws.simulator, search.problem.cost, "mean_cosine")
 
 
 def test_greedy_reverts_one_node_per_step_in_sensitivity_order_and_stops_at_the_goal(tiny):
     search, _ = tiny
-    r, gains = search.resolved, search.sensitivity
+    r, gains = search.problem.resolved, search.problem.sensitivity
     full = greedy_revert(r, scorer(search), NEVER, MAX, gains)
     assert not full.reached and full.steps[0][0] == "all int8"
     cpu = [{n for n, s in score.candidate.nodes if s.on == "CPU"} for _, score in full.steps]
@@ -49,7 +49,7 @@ def test_greedy_reverts_one_node_per_step_in_sensitivity_order_and_stops_at_the_
 
 def test_staged_promotes_cumulatively_then_falls_back_to_cpu(tiny):
     search, alone = tiny
-    r = search.resolved
+    r = search.problem.resolved
     res = staged_escalation(r, scorer(search), NEVER, MAX, alone, stages=(0.9999, 0.99999))
     labels = [label for label, _ in res.steps]
     assert labels[0] == "all int8" and labels[1].startswith("int16 below 0.9999 ") \
@@ -68,7 +68,7 @@ def test_staged_promotes_cumulatively_then_falls_back_to_cpu(tiny):
     # standing may be one the recipe never named: at least one named node is left)
     assert len(set(alone) - set(moved)) >= 1 and set(moved) < set(alone)
     last = res.steps[-1][1].candidate
-    assert "BPU" in search.ws.simulator.plan(last).placement.values()
+    assert "BPU" in search.problem.ws.simulator.plan(last).placement.values()
     # a goal met by the first stage stops there
     goal = Goal(min_accuracy=res.steps[1][1].accuracy)
     if not goal.met(res.steps[0][1].accuracy):
@@ -81,8 +81,8 @@ def test_staged_promotes_cumulatively_then_falls_back_to_cpu(tiny):
 def test_all_int8_uses_the_given_calibration_and_goals_check_task_floors(tiny):
     search, _ = tiny
     sc = scorer(search)
-    kl = all_int8(search.resolved, sc, NEVER, Calibration("kl")).final
-    mx = all_int8(search.resolved, sc, NEVER, MAX).final
+    kl = all_int8(search.problem.resolved, sc, NEVER, Calibration("kl")).final
+    mx = all_int8(search.problem.resolved, sc, NEVER, MAX).final
     assert kl.calibration.startswith("kl") and mx.calibration == "max" and kl.accuracy != mx.accuracy
     assert sc.evaluations == 2
     assert Goal(min_accuracy=0.9).met(0.95, {"top1:y": 0.5})   # no floor on the task metric

@@ -49,7 +49,7 @@ def test_output_constraints_and_a_latency_ratio_decide_feasibility_everywhere(tm
     space = with_objectives(write_tiny_space(tmp_path), [
         "constraints: ['cosine:seg >= 0.9995 x float', 'cosine:depth >= 0.999']", "max_latency_ratio: 1.3"])
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
-    o = search.objectives
+    o = search.problem.objectives
     assert o.reference("cosine:seg") == 1.0 and o.reference("latency_ms:int8") > 0
     study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
@@ -66,7 +66,7 @@ def test_output_constraints_and_a_latency_ratio_decide_feasibility_everywhere(tm
     assert {tuple(t.values) for t in optuna.load_study(study_name="tiny", storage=study._storage).best_trials} == \
         {(r.accuracy, r.latency_ms) for r in front}
     # best.yaml names every margin and which binds; status --json gives them; trials.csv has them
-    text = search.paths.best.read_text()
+    text = search.place.paths.best.read_text()
     assert "constraint cosine:seg >= 0.9995 x float (limit 0.9995)" in text and "<- binds" in text
     assert "constraint max_latency_ratio 1.3" in text
     out = json.loads(cli("status", "tiny", "--json", cwd=tmp_path).stdout)
@@ -75,16 +75,16 @@ def test_output_constraints_and_a_latency_ratio_decide_feasibility_everywhere(tm
                                                         "cosine:depth >= 0.999"]
     assert all(c["margin"] >= 0 for c in best["constraints"]) and sum(c["binds"] for c in best["constraints"]) == 1
     assert best["latency_ratio"] <= 1.3
-    with open(search.paths.trials_csv) as f:
+    with open(search.place.paths.trials_csv) as f:
         header = next(csv.reader(f))
     assert "latency_ratio" in header and "margin cosine:depth >= 0.999" in header
     status = cli("status", "tiny", cwd=tmp_path).stdout
     assert "x the all-int8 plan's modeled latency" in status and "<- binds" in status
-    page = search.paths.report.read_text()
+    page = search.place.paths.report.read_text()
     assert "<h2>Constraints</h2>" in page and "cosine:depth &gt;= 0.999" in page and "binds" in page
     assert "x int8" in page
     # every exported trial is within the ratio
-    for path in [search.paths.best, *search.paths.pareto.glob("trial_*.yaml")]:
+    for path in [search.place.paths.best, *search.place.paths.pareto.glob("trial_*.yaml")]:
         number = int(path.read_text().splitlines()[0].rsplit("trial ", 1)[1])
         assert next(r for r in rs if r.number == number).latency_ms <= 1.3 * int8.latency_ms
 
@@ -114,8 +114,8 @@ study:
   n_trials: 14
 """)
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
-    o = search.objectives
-    float_task = search.ws.simulator.float_task()
+    o = search.problem.objectives
+    float_task = search.problem.ws.simulator.float_task()
     assert o.reference("miou:seg") == pytest.approx(float_task["miou:seg"]) and 0.5 < o.reference("miou:seg") <= 1
     study, _ = run(search, n_trials=14, timeout=None, jobs=1, seed=0, progress=False)
     out = json.loads(cli("status", "heads", "--json", cwd=tmp_path).stdout)

@@ -56,10 +56,10 @@ def test_an_unreachable_floor_leaves_the_closest_trial_and_next_steps_then_a_low
     space = with_floor(write_tiny_space(tmp_path), 0.99999999)
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=8, timeout=None, jobs=1, seed=3, progress=False)
-    paths = search.paths
+    paths = search.place.paths
     rs = rows(study)
     assert not any(r.feasible for r in rs) and not paths.best.exists()
-    found = closest(rs, search.objectives)
+    found = closest(rs, search.problem.objectives)
     assert found.row.accuracy == max(r.accuracy for r in rs if not r.duplicate)
     assert found.gaps["min_accuracy"] == pytest.approx(0.99999999 - found.row.accuracy)
     text = paths.closest.read_text()

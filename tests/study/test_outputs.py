@@ -108,14 +108,14 @@ def test_a_trial_does_not_wait_for_the_report_and_finish_draws_it_in_full_once(t
     report.every = 0.0                                  # no rate limit: only "one draw at a time" holds it back
     last = completed(study)[-1]
     report.after_trial(study, last)                     # returns while the draw waits for the gate
-    assert renderer.started.wait(10) and report.drawing and not search.paths.report.exists()
+    assert renderer.started.wait(10) and report.drawing and not search.place.paths.report.exists()
     report.after_trial(study, last)                     # due again, but one is drawing: no second draw
     report.on_progress(study)
     renderer.release.set()
     assert report.join(10)
     assert len(renderer.calls) == 1 and renderer.calls[0]["released"]      # released: nobody waited on it
     assert renderer.calls[0]["thread"] != threading.current_thread().name
-    page = search.paths.report.read_text(encoding="utf-8")
+    page = search.place.paths.report.read_text(encoding="utf-8")
     # mid-run: the traces need the simulator, which the trial loop is using
     assert "trace" not in plots(page) and "drawn at the end of the search and by" in page
     assert "pareto" in plots(page)
@@ -123,9 +123,9 @@ def test_a_trial_does_not_wait_for_the_report_and_finish_draws_it_in_full_once(t
     report.finish(study)                                # the full report, in this thread
     assert len(renderer.calls) == 2 and renderer.most == 1
     assert renderer.calls[1]["thread"] == threading.current_thread().name
-    page = search.paths.report.read_text(encoding="utf-8")
+    page = search.place.paths.report.read_text(encoding="utf-8")
     assert "trace" in plots(page) and "drawn at the end of the search" not in page
-    assert not list(search.paths.report.parent.glob("*.tmp*"))   # atomic writes leave no partial file
+    assert not list(search.place.paths.report.parent.glob("*.tmp*"))   # atomic writes leave no partial file
 
 
 def test_finish_waits_for_a_running_draw_before_the_final_one(tmp_path):
@@ -137,7 +137,7 @@ def test_finish_waits_for_a_running_draw_before_the_final_one(tmp_path):
     assert report._thread is not None and report._thread.daemon   # a Ctrl-C'd process never waits on it
     report.finish(study)
     assert len(renderer.calls) == 2 and renderer.most == 1     # joined, then drawn once
-    assert "trace" in plots(search.paths.report.read_text(encoding="utf-8"))
+    assert "trace" in plots(search.place.paths.report.read_text(encoding="utf-8"))
 
 
 def test_the_search_goes_on_while_the_report_draws_and_a_failed_draw_is_a_warning(tmp_path, capsys):
@@ -154,4 +154,4 @@ def test_the_search_goes_on_while_the_report_draws_and_a_failed_draw_is_a_warnin
     done = [t.datetime_complete.timestamp() for t in completed(study)]
     assert any(c["start"] < d < c["end"] for c in mid_run for d in done)
     assert len(completed(study)) == 6
-    assert "trace" in plots(search.paths.report.read_text(encoding="utf-8"))
+    assert "trace" in plots(search.place.paths.report.read_text(encoding="utf-8"))

@@ -254,16 +254,16 @@ def test_a_candidate_another_worker_evaluated_is_answered_from_storage(tmp_path)
     # a second worker, started before the first one's last trials exist
     second = StudySession.open(space, results_dir=results_dir, quiet=True)
     study_b = second.study(seed=1, create=False)
-    second.load_done(study_b)
+    second.scorer.index(study_b)
     run(first, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)
     target = [t for t in study_a.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE][-1]
     study_b.enqueue_trial(target.params)
-    evaluate = second.ws.simulator.evaluate
-    second.ws.simulator.evaluate = lambda *a, **k: pytest.fail("a candidate in the storage was simulated again")
+    evaluate = second.problem.ws.simulator.evaluate
+    second.problem.ws.simulator.evaluate = lambda *a, **k: pytest.fail("a candidate in the storage was simulated again")
     try:
         optimize_until(second, study_b, 7, None, [])
     finally:
-        second.ws.simulator.evaluate = evaluate
+        second.problem.ws.simulator.evaluate = evaluate
     last = study_b.get_trials(deepcopy=False)[-1]
     assert last.state == TrialState.COMPLETE and last.values == target.values
     assert last.user_attrs["record"]["duplicate_of"] == target.number

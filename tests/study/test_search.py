@@ -44,7 +44,7 @@ def test_search_beats_the_all_int8_baseline_and_writes_results(tmp_path):
     baseline = next(r for r in rs if r.plan == "baseline: all-BPU int8, max")
     top = best(rs, "pareto", None)
     assert top.accuracy > baseline.accuracy
-    paths = search.paths
+    paths = search.place.paths
     assert paths.best.is_file() and list(paths.pareto.glob("trial_*.yaml")) and paths.trials_csv.is_file()
     assert f"trial {top.number}" in paths.best.read_text().splitlines()[0]
     # every trial records what it needs to be exported and compared
@@ -57,7 +57,7 @@ def test_manual_warm_start_plans_use_the_most_accurate_baseline_calibration(tmp_
     gives ~0.9995: int16 on a few nodes under the base's calibration cannot catch up, so the
     manual plans take the best baseline's calibration, as a user (and Horizon's recipe) would."""
     search = StudySession.open(write_tiny_space(tmp_path), results_dir=tmp_path / "results", quiet=True)
-    n_plans = len(search.warm_start_plans())
+    n_plans = len(search.problem.warm_start_plans())
     study, info = run(search, n_trials=n_plans, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
     baselines = [r for r in rs if r.plan and r.plan.startswith("baseline:")]
@@ -290,7 +290,7 @@ def test_task_metric_objective_with_labels(tmp_path):
         assert set(task) == {"miou:seg", "absrel:depth", "seg_agreement:seg"}
         assert r.accuracy == task["miou:seg"] and 0.0 <= task["miou:seg"] <= 1.0
         assert 0.0 <= task["absrel:depth"] < 10.0 and 0.5 < task["seg_agreement:seg"] <= 1.0
-    assert "miou:seg" in search.paths.trials_csv.read_text().splitlines()[0]
+    assert "miou:seg" in search.place.paths.trials_csv.read_text().splitlines()[0]
     # too few label files: one clear error
     for p in list(labels.glob("seg_000[4-7].npy")):
         p.unlink()
@@ -308,7 +308,7 @@ def test_each_trial_records_its_worker_once_when_it_is_created(tmp_path):
     study, _ = run(search, n_trials=6, timeout=None, jobs=1, seed=0, progress=False)
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     assert len(trials) == 6 and all(t.user_attrs["worker"]["pid"] == os.getpid() for t in trials)
-    logs = [json.loads(line) for line in search.paths.journal.read_text().splitlines()]
+    logs = [json.loads(line) for line in search.place.paths.journal.read_text().splitlines()]
     writes = [log["trial_id"] for log in logs if "worker" in (log.get("user_attr") or {})]
     assert sorted(writes) == sorted(t._trial_id for t in trials)
 
@@ -327,12 +327,12 @@ def test_a_trial_that_cannot_change_the_result_does_not_reread_the_study(tmp_pat
     monkeypatch.setattr(results, "rows", lambda st, *a, real=results.rows: reads.append(st) or real(st, *a))
     monkeypatch.setattr(results, "row", lambda t, *a, real=results.row: decoded.append(t.number) or real(t, *a))
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        assert search.write_results(study, trial=t) is None
+        assert search.result_files.write(study, trial=t) is None
     assert reads == [] and decoded == []
-    search.paths.trials_csv.unlink()
-    search.write_results(study, force=True)
+    search.place.paths.trials_csv.unlink()
+    search.result_files.write(study, force=True)
     assert reads == [] and decoded == []
-    assert len(search.paths.trials_csv.read_text().splitlines()) == 1 + 4     # written from the kept rows
+    assert len(search.place.paths.trials_csv.read_text().splitlines()) == 1 + 4     # written from the kept rows
 
 
 def test_trials_csv_keeps_up_while_the_front_does_not_change(tmp_path, monkeypatch):
@@ -348,16 +348,16 @@ def test_trials_csv_keeps_up_while_the_front_does_not_change(tmp_path, monkeypat
     study, _ = run(search, n_trials=12, timeout=None, jobs=1, seed=0, progress=False)
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     assert len(done) == 12
-    csv_path = search.paths.trials_csv
+    csv_path = search.place.paths.trials_csv
 
     def n_rows():
         return len(list(csv.reader(csv_path.open()))) - 1 if csv_path.exists() else None
 
     csv_path.unlink()
     for i, t in enumerate(done):
-        search.write_results(study, trial=t)
+        search.result_files.write(study, trial=t)
         assert n_rows() == (12 if i + 1 >= outputs.CSV_EVERY_TRIALS else None)   # the 10th trial rewrites it
     csv_path.unlink()
     monkeypatch.setattr(outputs, "CSV_EVERY_S", 0.0)     # as if 30 s had passed since the last write
-    search.write_results(study, trial=done[-1])
+    search.result_files.write(study, trial=done[-1])
     assert n_rows() == 12

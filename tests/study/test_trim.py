@@ -27,7 +27,7 @@ def session(tmp_path, objectives=FLOOR):
 
 def test_trim_keeps_exactly_the_decision_that_meets_the_floor(tmp_path):
     s = session(tmp_path)
-    r = s.resolved
+    r = s.problem.resolved
     study = s.study(seed=0)
     base = base_params(r)
     winner = {**base, "node:/gate/Conv": "BPU:int16", "node:/res/Add": "BPU:int16",
@@ -39,11 +39,11 @@ def test_trim_keeps_exactly_the_decision_that_meets_the_floor(tmp_path):
 
     def evaluate(cand):
         calls.append(cand.key())
-        return s.score(study, cand)
+        return s.scorer.score(cand, study)
 
-    start = s.score(study, r.candidate(winner))
+    start = s.scorer.score(r.candidate(winner), study)
     assert start.accuracy >= 0.999
-    t = trim(r, 7, winner, start, s.objectives, evaluate, s.modeled_latency)
+    t = trim(r, 7, winner, start, s.problem.objectives, evaluate, s.scorer.modeled_latency)
     assert [k.change.param for k in t.kept] == ["node:/gate/Conv"]
     assert t.kept[0].change.describe() == "/gate/Conv: int16"
     assert {c.param for c in t.removed} == {"node:/res/Add", "node:/head/depth/Sigmoid", "node:/head/seg/Conv",
@@ -59,11 +59,11 @@ def test_trim_keeps_exactly_the_decision_that_meets_the_floor(tmp_path):
 
 def test_trim_without_a_floor_keeps_the_winners_accuracy_within_the_tolerance(tmp_path):
     s = session(tmp_path, "objectives:\n  mode: pareto\n")
-    r = s.resolved
+    r = s.problem.resolved
     study = s.study(seed=0)
     winner = {**base_params(r), "node:/gate/Conv": "BPU:int16", "node:/head/Concat": "CPU"}
-    start = s.score(study, r.candidate(winner))
-    t = trim(r, 0, winner, start, s.objectives, lambda c: s.score(study, c), s.modeled_latency)
+    start = s.scorer.score(r.candidate(winner), study)
+    t = trim(r, 0, winner, start, s.problem.objectives, lambda c: s.scorer.score(c, study), s.scorer.modeled_latency)
     assert [k.change.param for k in t.kept] == ["node:/gate/Conv"] and [c.param for c in t.removed] == ["node:/head/Concat"]
     assert t.minimal.accuracy >= start.accuracy - 1e-4
     assert "no floor in the space" in t.criterion
@@ -75,11 +75,11 @@ def test_one_line_fixes_are_the_completed_calibration_only_trials(tmp_path):
     from tuner.study.trim import criterion
 
     s = session(tmp_path, "objectives:\n  mode: pareto\n  min_accuracy: 0.9974\n")
-    n = sum(label.startswith("baseline") for label, _ in s.warm_start_plans())
+    n = sum(label.startswith("baseline") for label, _ in s.problem.warm_start_plans())
     study, _ = run(s, n_trials=n, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
-    meets, _ = criterion(s.objectives, rs[0].trial_record)
-    fixes = one_line_fixes(s.resolved, rs, meets, 0.9974)
+    meets, _ = criterion(s.problem.objectives, rs[0].trial_record)
+    fixes = one_line_fixes(s.problem.resolved, rs, meets, 0.9974)
     assert len(fixes) == n == 6                      # every baseline is one, the base YAML's own included
     by_change = {f.change: f for f in fixes}
     as_is = by_change["(the base YAML as it is)"]
@@ -93,7 +93,7 @@ def test_one_line_fixes_are_the_completed_calibration_only_trials(tmp_path):
 
 def test_search_writes_best_minimal_and_prints_the_one_line_fix(tmp_path):
     s = session(tmp_path, "objectives:\n  mode: pareto\n  min_accuracy: 0.9985\n")
-    out = tuner("search", s.space.path, "--n-trials", 8, "--results-dir", tmp_path / "cli", cwd=tmp_path)
+    out = tuner("search", s.problem.space.path, "--n-trials", 8, "--results-dir", tmp_path / "cli", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     minimal = tmp_path / "cli" / "tiny" / "best_minimal.yaml"
     text = minimal.read_text()

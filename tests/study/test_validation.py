@@ -28,7 +28,7 @@ def eval_space(root, n_eval=3, extra=""):
 def test_the_front_and_best_are_validated_and_shown_everywhere(tmp_path):
     space = eval_space(tmp_path)
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
-    assert any("eval_data has 3 sample(s), fewer than study.min_eval_samples (8)" in w for w in search.ws.warnings)
+    assert any("eval_data has 3 sample(s), fewer than study.min_eval_samples (8)" in w for w in search.problem.ws.warnings)
     v = search.validator
     assert v is not None and len(v.data) == 8 and "calibration data" in v.what
     study, _ = run(search, n_trials=10, timeout=None, jobs=1, seed=3, progress=False)
@@ -41,15 +41,15 @@ def test_the_front_and_best_are_validated_and_shown_everywhere(tmp_path):
         assert val.worst_sample <= val.accuracy + 1e-9 and val.eval_worst_sample <= 1.0
     # the validation figure is the same candidate on other samples: recomputed, it agrees
     r0 = front[0]
-    again = Validator(search.ws, v.data, v.what, "mean_cosine").score(r0)
+    again = Validator(search.problem.ws, v.data, v.what, "mean_cosine").score(r0)
     assert again.accuracy == pytest.approx(vals[r0.number].accuracy, abs=1e-12)
     assert again.accuracy != pytest.approx(r0.accuracy, abs=1e-9)          # other data, another figure
     # best.yaml is the validation choice, and says so
-    chosen, by = choose_best(rs, vals, search.objectives)
+    chosen, by = choose_best(rs, vals, search.problem.objectives)
     assert by == "validation"
-    text = search.paths.best.read_text()
+    text = search.place.paths.best.read_text()
     assert f"trial {chosen.number}" in text.splitlines()[0] and "chosen by the validation figure" in text
-    with open(search.paths.trials_csv) as f:
+    with open(search.place.paths.trials_csv) as f:
         table = {int(r["trial"]): r for r in csv.DictReader(f)}
     assert float(table[r0.number]["validation_accuracy"]) == pytest.approx(vals[r0.number].accuracy, abs=1e-6)
     status = cli("status", "tiny", "--json", cwd=tmp_path)
@@ -66,7 +66,7 @@ def test_select_eval_keeps_the_eval_choice_and_no_validation_without_other_data(
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
     study, _ = run(search, n_trials=6, timeout=None, jobs=1, seed=3, progress=False)
     rs = rows(study)
-    assert choose_best(rs, stored(study), search.objectives)[1] == "eval"
+    assert choose_best(rs, stored(study), search.problem.objectives)[1] == "eval"
     plain = StudySession.open(write_tiny_space(tmp_path / "plain"), results_dir=tmp_path / "plain" / "results",
                               quiet=True)
     assert plain.validator is None          # eval data = calibration data: nothing held out

@@ -98,7 +98,7 @@ def test_the_study_enqueues_every_baseline_of_the_grid(tmp_path):
     study = s.study(seed=0)
     n = s.enqueue_warm_start(study)
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    assert n == len(s.warm_start_plans(s.manual_calibration())) == len(waiting)
+    assert n == len(s.problem.warm_start_plans(s.manual_calibration())) == len(waiting)
     pcts = [(t.system_attrs["fixed_params"]["max_percentile"], t.system_attrs["fixed_params"]["per_channel"])
             for t in waiting if t.user_attrs["plan"].startswith("baseline: all-BPU int8, max")]
     assert sorted(pcts) == sorted((p, pc) for p in (1.0, 0.99999, 0.9999) for pc in (False, True))

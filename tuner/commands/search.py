@@ -91,18 +91,19 @@ def search(args: argparse.Namespace) -> int:
 
     space = load_space(args.space)          # read once: the name, the data check and the study use it
     preflight(space, args.study, args.storage, args.results_dir)   # results folder, storage: before any data
-    search = StudySession.open(space, args.study, args.storage, args.results_dir, args.threads, check=_data_check)
-    search.heartbeat, search.max_retry = args.heartbeat, args.max_retry
-    st = search.space.study
+    search = StudySession.open(space, args.study, args.storage, args.results_dir, args.threads, check=_data_check,
+                               heartbeat=args.heartbeat, max_retry=args.max_retry)
+    problem, place = search.problem, search.place
+    st = problem.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
     timeout = duration(args.timeout) if args.timeout is not None else duration(st["timeout"])
     seed = args.seed if args.seed is not None else st["seed"]
-    for w in search.ws.warnings:
+    for w in problem.ws.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    r = search.resolved
-    print(f"study {search.name}: {len(r.decisions)} node decision(s), calibration knobs "
-          f"{', '.join(r.calibration_params) or 'fixed'}; mode {search.mode}; storage "
-          f"{redact(search.storage_url) if search.storage_url else search.paths.journal}")
+    r = problem.resolved
+    print(f"study {place.name}: {len(r.decisions)} node decision(s), calibration knobs "
+          f"{', '.join(r.calibration_params) or 'fixed'}; mode {problem.mode}; storage "
+          f"{redact(place.storage_url) if place.storage_url else place.paths.journal}")
     # Ctrl-C and SIGTERM (schedulers) from here on: finish the running trial, keep the storage
     # consistent, print the summary; a second Ctrl-C aborts the trial.
     install_stop_handlers(_stop_message)
@@ -112,8 +113,8 @@ def search(args: argparse.Namespace) -> int:
     if info["zombies"]:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
-    print_summary(study, search.paths)
-    print_simplest(search)
+    print_summary(study, place.paths, search.tracker.stored_outcome(study))
+    print_simplest(search.minimal.last, place.paths)
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
         return 1
@@ -135,18 +136,19 @@ def worker(args: argparse.Namespace) -> int:
     search = join_study(args.study, args.storage, args.space, args.results_dir, args.threads, args.heartbeat,
                         args.max_retry)
     study = search.study(None, create=False)
-    st = search.space.study
+    paths = search.place.paths
+    st = search.problem.space.study
     n_trials = args.n_trials if args.n_trials is not None else st["n_trials"]
     timeout = duration(args.timeout) if args.timeout is not None else duration(st["timeout"])
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    print(f"worker {os.getpid()} joined study {search.name} ({done} of {n_trials} trials completed); storage "
-          f"{redact(args.storage) if args.storage else search.paths.journal}", flush=True)
+    print(f"worker {os.getpid()} joined study {search.place.name} ({done} of {n_trials} trials completed); storage "
+          f"{redact(args.storage) if args.storage else paths.journal}", flush=True)
     install_stop_handlers(_stop_message)
     work(search, study, n_trials, timeout)
-    search.write_results(study, force=True)
-    AtFinish(search.write_minimal).finish(study)      # best_minimal.yaml, as the search's own process writes it
-    print_summary(study, search.paths)
-    print_simplest(search)
+    search.result_files.write(study, force=True)
+    AtFinish(search.minimal.write).finish(study)      # best_minimal.yaml, as the search's own process writes it
+    print_summary(study, paths, search.tracker.stored_outcome(study))
+    print_simplest(search.minimal.last, paths)
     if STOP.is_set():
         print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
         return 130
@@ -168,15 +170,16 @@ def _data_check(config: Any, model: Any) -> None:
             print(f"data {f.severity}: {f.message}", file=sys.stderr)
 
 
-def print_summary(study: Any, paths: Any) -> None:
+def print_summary(study: Any, paths: Any, found: Any = None) -> None:
     """Trial counts, the Pareto front (the best marked), the best's constraints, what nothing
-    feasible leaves, and where the results are: :func:`tuner.study.status.study_status` rendered."""
+    feasible leaves, and where the results are: :func:`tuner.study.status.study_status` rendered
+    (of ``found``, the :class:`~tuner.study.outcome.Outcome` a search kept, else read)."""
     from tuner.console import table
     from tuner.study.record import binding
     from tuner.study.results import front_table, latency_ratio, margins
     from tuner.study.status import study_status
 
-    st = study_status(study, paths)
+    st = study_status(study, paths, found)
     o, b, vals = st.info.objectives, st.best, st.validations
     print(f"\n{st.completed} completed trial(s), {st.failed} failed, {st.running} running")
     if st.front:
@@ -230,7 +233,7 @@ def report(args: argparse.Namespace) -> int:
     out: Path | None
     try:
         search = StudySession.open(info.space_path, study.study_name, args.storage, paths.root.parent, args.threads)
-        changed = search.changed_inputs(info.fingerprints)
+        changed = search.problem.changed_inputs(info.fingerprints)
         if changed:
             raise TunerError(f"the {', '.join(changed)} file(s) changed since the study ran")
     except TunerError as exc:
@@ -241,11 +244,12 @@ def report(args: argparse.Namespace) -> int:
     if search is None:
         out = study_report(study, paths, redact(args.storage) if args.storage else str(paths.journal), notes=notes)
     else:
-        if not search.sensitivity:
-            search.sensitivity = node_sensitivity(search.space, search.ws, paths.sensitivity,
-                                                  progress_printer("node sensitivity"))
-        search.simplest(study)      # the report's 'simplest fix' section (the trim's evaluations)
-        out = search.write_report(study, force=True)
+        p = search.problem
+        if not p.sensitivity:
+            search.with_sensitivity(node_sensitivity(p.space, p.ws, paths.sensitivity,
+                                                     progress_printer("node sensitivity")))
+        search.minimal.simplest(study)      # the report's 'simplest fix' section (the trim's evaluations)
+        out = search.report_file.write(study, force=True)
         if out is None:
             raise TunerError(f"{paths.report} could not be written (see the warning above)")
     print(f"wrote {out}")
@@ -253,8 +257,9 @@ def report(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
+    from tuner.study.outcome import read_outcome
     from tuner.study.storage import open_existing, study_info
-    from tuner.toolchain.verify import real_summary
+    from tuner.toolchain.verified import real_summary
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
     if args.json:
@@ -265,9 +270,10 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(study_status(study, paths).to_json(), indent=2, allow_nan=False))
         return 0
     info = study_info(study)
+    found = read_outcome(study, info.objectives)       # read once: the summary and the real figures
     print(f"study {study.study_name}: mode {info.mode}, march {info.march}, base {info.base_path}")
-    print_summary(study, paths)
-    real = real_summary(study)
+    print_summary(study, paths, found)
+    real = real_summary(found)
     if real:
         print(f"\n{real}")
     return 0
@@ -278,7 +284,7 @@ def export(args: argparse.Namespace) -> int:
     from tuner.study.outcome import read_outcome
     from tuner.study.outputs import export_trial
     from tuner.study.storage import open_existing, study_info
-    from tuner.toolchain.verify import best_real
+    from tuner.toolchain.verified import best_real
 
     if args.out:
         if Path(args.out).is_dir():
@@ -298,7 +304,7 @@ def export(args: argparse.Namespace) -> int:
                              f"completed: {', '.join(str(r.number) for r in rs[:20]) or 'none'}")
         row = match[0]
     elif args.by == "real":
-        real = best_real(study, info.mode, info.objectives.min_accuracy)
+        real = best_real(found)
         if real is None:
             raise TunerError(f"study {study.study_name!r} has no trial with a real accuracy that meets the constraints; "
                              "run 'tuner verify' first, or export by the simulated figure")
@@ -321,14 +327,13 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_simplest(search: Any) -> None:
+def print_simplest(found: Any, paths: Any) -> None:
     """best.yaml's decisions, what best_minimal.yaml keeps, and the one-line calibration fixes
-    (computed at the end of the search: :meth:`StudySession.write_minimal`)."""
+    (``found``: computed at the end of the search, :meth:`tuner.study.minimal.MinimalFix.write`)."""
     from tuner.study.trim import summary_lines
 
-    found = search.last_simplest
     if found is None:
         return
     print()
-    for line in summary_lines(found, str(search.paths.best_minimal)):
+    for line in summary_lines(found, str(paths.best_minimal)):
         print(line)

@@ -116,7 +116,8 @@ def _refresh_csv(study, paths) -> Path | None:
 def verify(args: argparse.Namespace) -> int:
     from tuner.study.loop import duration
     from tuner.study.storage import open_existing
-    from tuner.toolchain.verify import LocalTool, StudyContext, local_table, results_table, verify_study
+    from tuner.toolchain.verified import local_table, results_table
+    from tuner.toolchain.verify import LocalTool, StudyContext, verify_study
 
     numbers = None
     if args.trials:

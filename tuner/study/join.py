@@ -42,10 +42,9 @@ def join_study(name: str, storage: str | None, space: str | Path | None = None, 
         raise TunerError(f"the study's space file {space_path} is not on this machine; pass --space PATH to this "
                          "machine's copy (with the model, data and base YAML beside it as on the first machine)")
     _check_files_early(name, space_path, info.fingerprints)
-    search = StudySession.open(space_path, name, storage, results_dir, threads, quiet=quiet,
-                         sensitivity=study.user_attrs.get(SENSITIVITY_ATTR), render=render)
-    search.heartbeat, search.max_retry = heartbeat, max_retry
-    return search
+    return StudySession.open(space_path, name, storage, results_dir, threads, quiet=quiet,
+                             sensitivity=study.user_attrs.get(SENSITIVITY_ATTR), render=render, heartbeat=heartbeat,
+                             max_retry=max_retry)
 
 
 def _check_files_early(name: str, space_path: Path, stored: dict[str, str]) -> None:

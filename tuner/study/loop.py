@@ -27,7 +27,7 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.console import LineProgress
-from tuner.study.orphans import reap, stale_enabled, unverifiable
+from tuner.study.orphans import fail_own_running, reap, stale_enabled, unverifiable
 from tuner.study.outputs import Output
 from tuner.study.sections import parse_duration
 from tuner.study.session import StudySession
@@ -74,9 +74,9 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
     the end (``finish``)."""
     outputs = search.outputs() if outputs is None else outputs
     study = search.study(seed)
-    zombies = reap_dead(study, search.max_retry)
+    zombies = reap_dead(study, search.place.max_retry)
     enqueued = search.enqueue_warm_start(study)
-    search.load_done(study)
+    search.scorer.index(study)
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     info: RunInfo = {"zombies": zombies, "enqueued": enqueued, "completed_before": done, "interrupted": False}
     bar = _progress(n_trials, done, timeout) if progress else None
@@ -113,7 +113,7 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
     try:
         if n_trials > done:
             if jobs <= 1:
-                optimize_until(search, study, n_trials, timeout, [on_trial], lambda: "stopped" in info)
+                optimize_until(search, study, n_trials, timeout, [search.tracker, on_trial], lambda: "stopped" in info)
             else:
                 info["zombies"] += _run_workers(search, study, n_trials, timeout, jobs, seed, bar, outputs)
     except KeyboardInterrupt:
@@ -128,7 +128,7 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
             bar.close()
     if STOP.is_set():
         info["interrupted"] = True
-        search.fail_own_running(study)
+        fail_own_running(study)
     for out in outputs:
         out.finish(study)
     return study, info
@@ -247,28 +247,30 @@ def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna
 
 def optimize_until(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None,
                    callbacks: Sequence[Callback], should_stop: Callable[[], bool] = lambda: False) -> None:
-    """:func:`budgeted_optimize` with the session's objective."""
-    budgeted_optimize(search.objective, study, n_trials, timeout, callbacks, should_stop, search.max_retry)
+    """:func:`budgeted_optimize` with the session's objective (its scorer's)."""
+    budgeted_optimize(search.scorer.objective, study, n_trials, timeout, callbacks, should_stop,
+                      search.place.max_retry)
 
 
 def work(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None) -> None:
-    """One worker's loop on a shared study, until it holds ``n_trials`` completed trials."""
-    search.load_done(study)
-    reap_dead(study, search.max_retry)
+    """One worker's loop on a shared study, until it holds ``n_trials`` completed trials: the
+    session's tracker is the loop's callback, and the result files read its outcome."""
+    search.scorer.index(study)
+    reap_dead(study, search.place.max_retry)
     files = search.result_files       # the parent process draws the report
 
     def write_files(st: optuna.Study, trial: FrozenTrial) -> None:
         files.after_trial(st, trial)
 
     try:
-        optimize_until(search, study, n_trials, timeout, [write_files])
+        optimize_until(search, study, n_trials, timeout, [search.tracker, write_files])
     except KeyboardInterrupt:
         pass
     except Exception:
         if not STOP.is_set():
             raise
     if STOP.is_set():
-        search.fail_own_running(study)
+        fail_own_running(study)
 
 
 def _worker(spec: dict[str, Any]) -> None:
@@ -276,8 +278,7 @@ def _worker(spec: dict[str, Any]) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         search = StudySession.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
-                             quiet=True)
-        search.heartbeat, search.max_retry = spec["heartbeat"], spec["max_retry"]
+                                   quiet=True, heartbeat=spec["heartbeat"], max_retry=spec["max_retry"])
         study = search.study(spec["seed"], create=False)
     except KeyboardInterrupt:
         return
@@ -292,14 +293,15 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
     oversubscribe the machine. A worker that dies (``kill -9``, out of memory) has its running
     trial failed and re-queued at once; returns those trial numbers."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = search.ws.threads or max(1, cores // jobs)
+    threads = search.problem.ws.threads or max(1, cores // jobs)
+    place = search.place
     ctx = mp.get_context("spawn")
     procs = []
     for i in range(jobs):
-        spec = {"space": str(search.space.path), "name": search.name, "storage": search.storage_url,
-                "results_dir": str(search.paths.root.parent), "threads": threads,
+        spec = {"space": str(search.problem.space.path), "name": place.name, "storage": place.storage_url,
+                "results_dir": str(place.paths.root.parent), "threads": threads,
                 "seed": None if seed is None else seed + i, "n_trials": n_trials, "timeout": timeout,
-                "heartbeat": search.heartbeat, "max_retry": search.max_retry}
+                "heartbeat": place.heartbeat, "max_retry": place.max_retry}
         p = ctx.Process(target=_worker, args=(spec,), daemon=False)
         p.start()
         procs.append(p)
@@ -310,7 +312,7 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
         dead = [p.pid for p in procs if p.exitcode not in (None, 0) and p.pid is not None and p.pid not in reaped]
         if dead:
             reaped.update(dead)
-            search.clean_zombies(study, pids=dead)
+            reap(study, place.max_retry, dead)
             # the dead workers' trials, failed here or already by a surviving worker
             for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
                 if (t.user_attrs.get("worker") or {}).get("pid") in dead and "error" not in t.user_attrs:

@@ -1,5 +1,6 @@
 """best_minimal.yaml: best.yaml's trial trimmed to the decisions its constraints need, and the
-one-line fixes, computed with a study session's simulator (the algorithm is :mod:`tuner.study.trim`)."""
+one-line fixes, scored by the search's :class:`~tuner.study.scorer.Scorer` (the algorithm is
+:mod:`tuner.study.trim`)."""
 
 from __future__ import annotations
 
@@ -7,43 +8,36 @@ from pathlib import Path
 
 import optuna
 
-from tuner.candidate import Candidate
 from tuner.study import results
-from tuner.study.outcome import Outcome, read_outcome
+from tuner.study.outcome import Outcome, Tracker
 from tuner.study.outputs import Exporter
-from tuner.study.record import TrialRecord
 from tuner.study.scorer import Scorer
 from tuner.study.trim import Simplest, TrimResult, accuracy_floor, criterion, one_line_fixes, trim
 
 
 class MinimalFix:
     """best.yaml's trial trimmed (candidates scored by the :class:`~tuner.study.scorer.Scorer`) and
-    written by the :class:`~tuner.study.outputs.Exporter` to ``out``; holds no session."""
+    written by the :class:`~tuner.study.outputs.Exporter` to ``out``; best.yaml's trial is the
+    :class:`~tuner.study.outcome.Outcome` the ``tracker`` keeps. Holds no session."""
 
-    def __init__(self, scorer: Scorer, export: Exporter, out: Path) -> None:
-        self.scorer, self.export, self.out = scorer, export, out
+    def __init__(self, scorer: Scorer, export: Exporter, out: Path, tracker: Tracker) -> None:
+        self.scorer, self.export, self.out, self.tracker = scorer, export, out, tracker
         self._trimmed: TrimResult | None = None
         self._last: Simplest | None = None            # as last computed (write at the end of a search)
-
-    def score(self, study: optuna.Study, cand: Candidate) -> TrialRecord:
-        """A candidate's record (:meth:`tuner.study.scorer.Scorer.score`)."""
-        return self.scorer.score(cand, study)
-
-    def modeled_latency(self, cand: Candidate) -> float:
-        return self.scorer.modeled_latency(cand)
 
     def simplest(self, study: optuna.Study, found: Outcome | None = None) -> Simplest | None:
         """best.yaml's trial trimmed to the decisions the floor needs, and the one-line fixes
         (:mod:`tuner.study.trim`); None before a feasible trial exists. The trim is redone only
-        when the best trial changes."""
-        found = found if found is not None else read_outcome(study)
+        when the best trial changes. ``found``: default the tracker's (with the study's stored
+        validations)."""
+        found = found if found is not None else self.tracker.stored_outcome(study)
         rs, top = list(found.rows), found.best     # best.yaml's trial
         if top is None or top.trial is None:
             return None
         r = self.scorer.resolved
         if self._trimmed is None or self._trimmed.trial != top.number:
             self._trimmed = trim(r, top.number, dict(top.trial.params), top.trial_record, self.scorer.objectives,
-                                 lambda c: self.score(study, c), self.modeled_latency)
+                                 lambda c: self.scorer.score(c, study), self.scorer.modeled_latency)
         meets, _ = criterion(self.scorer.objectives, top.trial_record)
         floor = accuracy_floor(self.scorer.objectives, top.trial_record)
         self._last = Simplest(self._trimmed, tuple(one_line_fixes(r, rs, meets, floor)))

@@ -175,3 +175,15 @@ def stale_enabled(study: optuna.Study) -> bool:
 
 __all__ = ["RetryOrphan", "alive", "rdb_heartbeat_kwargs", "reap", "retry_callback", "stale_enabled",
            "tag_trials", "unverifiable", "worker_identity"]
+
+
+def fail_own_running(study: optuna.Study) -> None:
+    """After an abort: this process's trials still RUNNING become FAIL (storage consistent)."""
+    host, pid = socket.gethostname(), os.getpid()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        w = t.user_attrs.get("worker") or {}
+        if w.get("host") == host and w.get("pid") == pid:
+            try:
+                study.tell(t.number, state=TrialState.FAIL)
+            except Exception:
+                pass

@@ -63,13 +63,17 @@ def read_outcome(study: optuna.Study, objectives: Objectives | None = None,
 
 
 class Tracker:
-    """The rows of a study kept as its trials finish: each completed trial's record is decoded
-    once (a callback in Optuna's style, ``tracker(study, trial)``, holding nothing but rows)."""
+    """A study's rows and :class:`Outcome`, kept as its trials finish: an Optuna callback
+    (``tracker(study, frozen_trial)``, registered on the loop) that decodes each completed
+    trial's record once, when it finishes, and holds nothing back. The outcome is recomputed
+    only when the rows, the validations or the real records it is asked with changed."""
 
     def __init__(self, objectives: Objectives) -> None:
         self.objectives = objectives
         self._rows: dict[int, results.Row] = {}
         self._seen: set[int] = set()
+        self.validations: dict[int, Validation] = {}      # this process's validations of the winners
+        self._last: tuple[int, dict[int, Validation], dict[int, RealRecord], Outcome] | None = None
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial | None = None) -> None:
         if trial is not None and trial.state == TrialState.COMPLETE and trial.number not in self._seen:
@@ -89,3 +93,21 @@ class Tracker:
         """The completed trials' rows, by number (trials of other workers read in first)."""
         self(study)
         return [self._rows[n] for n in sorted(self._rows)]
+
+    def outcome(self, study: optuna.Study, validations: Mapping[int, Validation] | None = None,
+                real: Mapping[int, RealRecord] | None = None) -> Outcome:
+        """The study's outcome now: its rows as kept, with ``validations`` (default: this process's,
+        :attr:`validations`) and ``real`` records (default none)."""
+        rs = self.rows(study)
+        vals = dict(self.validations if validations is None else validations)
+        recs = dict(real or {})
+        if self._last is not None and self._last[0] == len(rs) and self._last[1] == vals and self._last[2] == recs:
+            return self._last[3]
+        found = outcome(rs, self.objectives, vals, recs)
+        self._last = (len(rs), vals, recs, found)
+        return found
+
+    def stored_outcome(self, study: optuna.Study) -> Outcome:
+        """The outcome with the study's stored validations and real records (what :func:`read_outcome`
+        reads), from the rows kept: the report's and the final summary's view."""
+        return self.outcome(study, stored(study), real_records(study))

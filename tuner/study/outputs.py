@@ -28,7 +28,7 @@ from tuner import __version__
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.study import results
-from tuner.study.outcome import Outcome, Tracker, outcome, read_outcome
+from tuner.study.outcome import Outcome, Tracker, read_outcome
 from tuner.study.record import Objectives, TrialRecord, direction_name
 from tuner.study.results import ReportSnapshot, Trace
 from tuner.study.storage import StudyPaths, study_info
@@ -45,13 +45,14 @@ class Output(Protocol):
     def finish(self, study: optuna.Study) -> None: ...
 
 
-def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: dict[str, float] | None = None,
+def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: Mapping[str, float] | None = None,
              traces: Callable[[list[results.Row], results.Row | None], list[Trace]] | None = None,
-             notes: list[str] | tuple[str, ...] = (), rows: list[results.Row] | None = None) -> ReportSnapshot:
-    """The report's view of ``study`` (its :class:`~tuner.study.outcome.Outcome`; ``rows`` when the
-    caller keeps them); ``traces`` (given the rows and best.yaml's trial) when a simulator is at hand."""
+             notes: list[str] | tuple[str, ...] = (), found: Outcome | None = None) -> ReportSnapshot:
+    """The report's view of ``study``: its :class:`~tuner.study.outcome.Outcome` (``found``, when the
+    caller keeps one; else read once); ``traces`` (given the rows and best.yaml's trial) when a
+    simulator is at hand."""
     info = study_info(study)
-    found = read_outcome(study, info.objectives, rows)
+    found = found if found is not None else read_outcome(study, info.objectives)
     rs, chosen = list(found.rows), found.best
     return ReportSnapshot(name=study.study_name, info=info, storage=storage,
                           directions=[direction_name(d) for d in study.directions],
@@ -181,7 +182,7 @@ def default_renderer() -> Callable[[ReportSnapshot], str]:
 def study_report(study: optuna.Study, paths: StudyPaths, storage: str, notes: list[str] | tuple[str, ...] = ()) -> Path:
     """Write ``paths.report`` from the study alone, without a session (``tuner report`` when the
     model or data is gone): the simulated views (node sensitivity, per-node traces) are left
-    out. With a session, :meth:`tuner.study.session.StudySession.write_report` draws them."""
+    out. With a session, the :class:`tuner.study.source.ReportSource` draws them."""
     write_atomic(paths.report, default_renderer()(snapshot(study, paths, storage, notes=notes)))
     return paths.report
 
@@ -195,17 +196,18 @@ CSV_EVERY_S = 30.0
 class ResultFiles:
     """best.yaml, pareto/trial_NNNNN.yaml and trials.csv, rewritten when the result changes.
 
-    ``export(row, path)`` writes one trial's YAML (the session's :meth:`export`)."""
+    They read the :class:`~tuner.study.outcome.Outcome` the ``tracker`` keeps (the loop's
+    callback, fed each trial as it finishes); ``export(row, path)`` writes one trial's YAML
+    (an :class:`Exporter`)."""
 
-    def __init__(self, paths: StudyPaths, objectives: Objectives, export: Callable[..., Any],
+    def __init__(self, paths: StudyPaths, tracker: Tracker, export: Callable[..., Any],
                  validate: Callable[[optuna.Study, list[results.Row]], dict[int, Validation]] | None = None) -> None:
         """``validate``: re-scores rows on the validation data (:class:`tuner.study.validation.Validator`);
-        at the end (``finish``) the front and the best are validated and best.yaml is chosen by
-        :func:`tuner.study.validation.choose_best`."""
-        self.paths, self.objectives, self.export, self.validate = paths, objectives, export, validate
-        self.vals: dict[int, Validation] = {}
-        self.tracker = Tracker(objectives)     # the study's rows, each trial decoded once
-        self.outcome: Outcome | None = None    # as last computed
+        at the end (``finish``) the front and the best are validated (kept as the tracker's
+        validations) and best.yaml is chosen by :func:`tuner.study.outcome.outcome`."""
+        self.paths, self.tracker, self.export, self.validate = paths, tracker, export, validate
+        self.objectives = tracker.objectives
+        self._outcome: Outcome | None = None
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
         self._last_front: list[tuple[float, float]] = []
         self._last_best: results.Row | None = None
@@ -217,6 +219,16 @@ class ResultFiles:
         while the front does not change (a kill -9 then loses little of it)."""
         return self._csv_pending > 0 and (self._csv_pending >= CSV_EVERY_TRIALS
                                           or time.monotonic() - self._csv_at >= CSV_EVERY_S)
+
+    @property
+    def vals(self) -> dict[int, Validation]:
+        """This process's validations of the winners (the tracker's)."""
+        return self.tracker.validations
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The outcome as last written from (None before the first write)."""
+        return self._outcome
 
     def _write_csv(self, rows: list[results.Row], study: optuna.Study) -> None:
         write_atomic(self.paths.trials_csv, trials_csv(rows, self.vals, self.objectives, real_records(study)))
@@ -257,10 +269,10 @@ class ResultFiles:
             front = results.pareto(rows)
             by_eval = results.best(rows, self.objectives.mode, self.objectives.floor)
             if front:
-                self.vals = self.validate(study, list({r.number: r
-                                                       for r in front + ([by_eval] if by_eval else [])}.values()))
-        found = outcome(rows, self.objectives, self.vals)
-        self.outcome = found
+                self.tracker.validations = self.validate(
+                    study, list({r.number: r for r in front + ([by_eval] if by_eval else [])}.values()))
+        found = self.tracker.outcome(study)
+        self._outcome = found
         front, best = list(found.front), found.best
         v = self.vals.get(best.number) if best is not None and force and self.validate is not None else None
         if v is not None:

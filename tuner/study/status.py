@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from tuner.files import jsonable
 from tuner.study import results
-from tuner.study.outcome import read_outcome
+from tuner.study.outcome import Outcome, read_outcome
 from tuner.study.record import StudyInfo, binding
 from tuner.study.storage import StudyPaths, study_info
 from tuner.study.validation import Validation
@@ -77,9 +77,11 @@ class StudyStatus:
         return out
 
 
-def study_status(study: optuna.Study, paths: StudyPaths) -> StudyStatus:
+def study_status(study: optuna.Study, paths: StudyPaths, found: Outcome | None = None) -> StudyStatus:
+    """``found``: the study's outcome as a search keeps it (:class:`~tuner.study.outcome.Tracker`),
+    else read from the storage once."""
     info = study_info(study)
-    found = read_outcome(study, info.objectives)
+    found = found if found is not None else read_outcome(study, info.objectives)
     rs = list(found.rows)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     files = {k: str(p) for k, p in (("best", paths.best), ("closest", paths.closest), ("pareto", paths.pareto),

@@ -37,12 +37,12 @@ from typing import Any
 import optuna
 import yaml
 
-from tuner.console import table
 from tuner.errors import TunerError
 from tuner.export.hb_yaml import dump_yaml
 from tuner.files import write_atomic
 from tuner.simulate import Simulator
 from tuner.study import results
+from tuner.study.outcome import read_outcome
 from tuner.study.outputs import export_trial
 from tuner.study.space import load_space
 from tuner.study.storage import study_info
@@ -52,7 +52,7 @@ from tuner.toolchain.hbrun import CompileKnobs, convert
 from tuner.toolchain.installed import Toolchain
 from tuner.toolchain.logterms import compare_with_log, log_simulator
 from tuner.toolchain.realrun import measure
-from tuner.toolchain.records import RealRecord, real_record, real_records, save_real
+from tuner.toolchain.records import RealRecord, real_record, save_real
 from tuner.workspace import Workspace
 
 LOG_NAME = "hb_mapper_makertbin.log"
@@ -392,7 +392,7 @@ def verify_study(ctx: StudyContext, command: str | None, top: int | None = None,
                  timeout: float | None = None, again: bool = False, feedback: bool = True,
                  log_name: str = LOG_NAME, say=None, local: LocalTool | None = None
                  ) -> list[tuple[results.Row, RealRecord]]:
-    rows = results.rows(ctx.study)
+    rows = list(read_outcome(ctx.study, ctx.info.objectives).rows)
     chosen = choose(rows, ctx.mode, top, numbers)
     if not chosen:
         raise TunerError(f"study {ctx.study.study_name!r} has no feasible completed trial to verify yet")
@@ -421,91 +421,7 @@ def verify_study(ctx: StudyContext, command: str | None, top: int | None = None,
 
 def attach_log(ctx: StudyContext, number: int, log: HbLog, feedback: bool = True) -> RealRecord:
     """``tuner import-log LOG --study S --trial N``: a log from a run made by hand, stored like verify's."""
-    by_number = {r.number: r for r in results.rows(ctx.study)}
+    by_number = {r.number: r for r in read_outcome(ctx.study, ctx.info.objectives).rows}
     if number not in by_number:
         raise TunerError(f"trial {number} is not a completed trial of study {ctx.study.study_name!r}")
     return ctx.finish(by_number[number], RealRecord(status="ok", when=_now(), imported=log.path), log, None, feedback)
-
-
-# --------------------------------------------------------------------------- presenting
-
-
-def _cell(v: float | None, d: int = 6, sign: bool = False) -> str:
-    """A table cell: the number, or -- when there is none."""
-    return "--" if v is None else (f"{v:+.{d}f}" if sign else f"{v:.{d}f}")
-
-
-def results_table(done: list[tuple[results.Row, RealRecord]]) -> str:
-
-    rows = []
-    for row, rec in done:
-        c = rec.comparison
-        gap = None if rec.accuracy is None else rec.accuracy - row.accuracy
-        rows.append([str(row.number), rec.status, _cell(row.accuracy), _cell(rec.accuracy), _cell(gap, sign=True),
-                     _cell(c.output_cosine_gap if c else None, sign=True), _cell(c.spearman if c else None, 3),
-                     str(len(c.int16_refused)) if c else "--", _cell(rec.seconds, 1), (rec.error or "")[:80]])
-    return table(["trial", "status", "simulated", "real", "real - sim", "output cos gap", "Spearman", "int16 refused",
-                  "seconds", "problem"], rows)
-
-
-def local_table(done: list[tuple[results.Row, RealRecord]], objectives: Any) -> str:
-    """``verify --local``'s table: the simulated objective next to the real quantized model's (the
-    .bin's arithmetic) and calibrated model's, whether the real figures meet the constraints, and
-    hbdk's BPU estimate next to tuner's modeled latency."""
-
-    rows = []
-    for row, rec in done:
-        gap = None if rec.accuracy is None else rec.accuracy - row.accuracy
-        meets = "--"
-        if rec.ok and rec.accuracy is not None:
-            metrics = dict(row.trial_record.metrics(objectives.metric_names_needed))
-            metrics.update(rec.metrics or {})
-            margins = objectives.margins(rec.accuracy, row.latency_ms, metrics)
-            meets = ("yes" if all(m.margin >= 0 for m in margins) else
-                     "no: " + ", ".join(m.name for m in margins if m.margin < 0)) if margins else "(none)"
-        conversion = (rec.local or {}).get("conversion", {})
-        cpu = conversion.get("cpu_nodes")
-        level = (conversion.get("knobs") or {}).get("optimize_level")
-        hbdk = _cell(rec.compiler_ms, 3) + (f" ({level})" if level and rec.compiler_ms is not None else "")
-        rows.append([str(row.number), rec.status, _cell(row.accuracy), _cell(rec.accuracy), _cell(gap, sign=True),
-                     _cell(rec.calibrated_accuracy), meets[:60], _cell(row.latency_ms, 3),
-                     _cell(row.trial_record.latency.compiler_ms, 3), hbdk,
-                     "--" if cpu is None else f"{row.trial_record.counts.cpu_nodes}/{len(cpu)}",
-                     _cell(rec.seconds, 1), (rec.error or "")[:80]])
-    # the modeled hbdk estimate is O3's (what a board runs); at O0 hbdk's own is several times larger
-    return table(["trial", "status", "simulated", "real (quantized)", "real - sim", "real (calibrated)",
-                  "constraints met (real)", "modeled ms", "modeled hbdk O3 ms", "hbdk BPU ms", "CPU sim/real",
-                  "seconds", "problem"], rows)
-
-
-def real_summary(study: optuna.Study) -> str | None:
-    """``tuner status``'s section on verified trials; None when nothing was verified."""
-    recs = real_records(study)
-    if not recs:
-        return None
-    by_number = {r.number: r for r in results.rows(study)}
-    done = [(by_number[n], rec) for n, rec in recs.items() if n in by_number]
-    ok = sum(1 for _, r in done if r.ok)
-    return (f"Verified with the real toolchain ({ok} of {len(done)} ok; 'real' is comparable with the objective "
-            f"where the log or the command's JSON gave it):\n" + results_table(done))
-
-
-def best_real(study: optuna.Study, mode: str, min_accuracy: float | None) -> tuple[results.Row, RealRecord] | None:
-    """The trial to export by its real figure (same rule as :func:`tuner.study.results.best`)."""
-    recs = real_records(study)
-    by_number = {r.number: r for r in results.rows(study)}
-    cands = [(by_number[n], rec, acc) for n, rec in recs.items()
-             if n in by_number and (acc := rec.real_accuracy) is not None]
-    if min_accuracy is not None:
-        cands = [c for c in cands if c[2] >= min_accuracy]
-    if not cands:
-        return None
-
-    def latency(c: tuple[results.Row, RealRecord, float]) -> float:
-        return c[1].latency_ms if c[1].latency_ms is not None else c[0].latency_ms
-
-    if mode == "latency" or (mode == "pareto" and min_accuracy is not None):
-        chosen = min(cands, key=lambda c: (latency(c), -c[2], c[0].number))
-    else:
-        chosen = max(cands, key=lambda c: (c[2], -latency(c), -c[0].number))
-    return chosen[0], chosen[1]
