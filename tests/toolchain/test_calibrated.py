@@ -394,13 +394,14 @@ def pooled_thresholds(model, data, tensors, p):
 def hb_like_graph() -> onnx.ModelProto:
     """The tiny model as hb's optimizer leaves it where that matters to a calibrated model's tensors (its BN
     folded into the stem Conv, its Where split into Cast/Equal/Cast + Mul/Mul/Add), in plain ONNX ops."""
+    from tuner.graph.convfold import fold_into_convs
+    from tuner.graph.lower import split_where
     from tuner.graph.names import NameMap
-    from tuner.graph.optimize import _fold_into_convs, _split_where
 
     model = onnx.shape_inference.infer_shapes(build_tiny_model())
     names = NameMap()
-    _fold_into_convs(model, names)
-    _split_where(model, names)
+    fold_into_convs(model, names)
+    split_where(model, names)
     return model
 
 
