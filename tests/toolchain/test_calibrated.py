@@ -19,7 +19,8 @@ from onnx import TensorProto, helper
 from tuner.calib.methods import hb_kernel_percentile as kernel_percentile
 from tuner.cli import main
 from tuner.errors import TunerError
-from tuner.inputs.calibrated import map_to_graph, parse_calibrated, read_calibrated
+from tuner.inputs.calibrated import parse_calibrated, read_calibrated
+from tuner.inputs.calibrated_map import map_to_graph
 from tuner.simulate.qdq import plan_scales
 from tuner.toolchain.calibrated_report import CalibratedReport, build_report
 from tuner.toolchain.calibrated_run import runnable_model

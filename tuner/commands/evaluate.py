@@ -11,7 +11,7 @@ from tuner.commands import args as a
 from tuner.errors import TunerError
 
 if TYPE_CHECKING:
-    from tuner.inputs.calibrated import MappedThresholds
+    from tuner.inputs.calibrated_map import MappedThresholds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
