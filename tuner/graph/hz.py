@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import onnx
 
+#: The domain of the fused nodes' model-local functions.
 HZ_DOMAIN = "tuner.hz"
-
 
 #: (alpha, beta) of the HardSigmoid hb's BPU table computes, whatever the node's own attributes: the
 #: int8 ``HzLut`` and int16 ``HzLut2Layer`` tables of HardSigmoid nodes with alpha/beta 0.2/0.5, 0.5/0.3
@@ -31,7 +31,7 @@ def is_hb_hard_sigmoid(node: onnx.NodeProto) -> bool:
             and abs(attrs.get("beta", 0.5) - HB_HARD_SIGMOID[1]) < 1e-5)
 
 
-#: Kinds of fused node this module writes (their op_type in :class:`tuner.graph.Graph`).
+#: Kinds of fused node the optimizer's passes write (their op_type in :class:`tuner.graph.Graph`).
 HZ_KINDS = ("HzSwish", "HzHardSwish", "HzMish", "HzGelu", "HzChannelScale")
 
 

@@ -20,7 +20,7 @@ import onnx.numpy_helper
 
 from tuner.inputs.config import HbConfig, InputSpec
 from tuner.inputs.data import InputData
-from tuner.inputs.datascan import _Acc
+from tuner.inputs.datascan import ChannelAcc
 from tuner.inputs.findings import ERROR, INFO, WARNING, Finding
 
 FEW_SAMPLES_WARNING = 20      # below: warning (a 5%-frequent condition is missed with p > 0.36)
@@ -42,7 +42,7 @@ class InputSeen:
 
     data: InputData
     spec: InputSpec
-    acc: _Acc
+    acc: ChannelAcc
     samples: int
     config: HbConfig
     proto: onnx.ModelProto
@@ -161,7 +161,8 @@ def double_normalization(seen: InputSeen) -> list[Finding]:
 
 
 def range_ratio(seen: InputSeen) -> list[Finding]:
-    """Channels of one input whose max|x| differs by >= RANGE_RATIO: :func:`_range_findings`."""
+    """Channels of one input whose max|x| differs by >= RANGE_RATIO (one int8 scale leaves the small
+    ones a few levels): :func:`_range_findings`."""
     return _range_findings(seen.name, seen.acc, seen.config, seen.proto)
 
 
@@ -233,7 +234,7 @@ def _group_threshold(name: str, absmax: np.ndarray, config: HbConfig, proto) -> 
     return float(max(absmax[c] for c in chans)), f"{first.name!r} (channels {chans[0]}-{chans[-1]})"
 
 
-def _range_findings(name: str, acc: _Acc, config: HbConfig, proto) -> list[Finding]:
+def _range_findings(name: str, acc: ChannelAcc, config: HbConfig, proto) -> list[Finding]:
     """Channels of one input whose max|x| differs by >= RANGE_RATIO: split at the largest gap."""
     absmax = np.maximum(np.abs(acc.min), np.abs(acc.max))
     live = [c for c in range(len(absmax)) if absmax[c] > 0]
@@ -289,7 +290,7 @@ def _range_findings(name: str, acc: _Acc, config: HbConfig, proto) -> list[Findi
 
 
 def duplicates(signatures: list[tuple[np.ndarray, np.ndarray]], digests: list[str], files: list[Path],
-                        accs: list[_Acc], channels: list[int], sizes: list[tuple[int, int]]) -> list[Finding]:
+                        accs: list[ChannelAcc], channels: list[int], sizes: list[tuple[int, int]]) -> list[Finding]:
     """Identical samples (same bytes) and near-identical ones (coarse signatures within tolerance)."""
     n = len(signatures)
     if n < 2:

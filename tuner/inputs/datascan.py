@@ -2,7 +2,7 @@
 
 Reads every file once, one sample at a time: the raw values, the values *as the model sees them*
 (after the YAML's mean/scale, which hb_mapper fuses into the model as HzPreprocess), per-input,
-per-channel statistics of both (:class:`_Acc`), and a coarse signature and digest per sample for the
+per-channel statistics of both (:class:`ChannelAcc`), and a coarse signature and digest per sample for the
 duplicate check. A file that cannot be used becomes an ``error`` :class:`Finding` naming it.
 """
 
@@ -22,7 +22,7 @@ SIGNATURE_GRID = 8            # coarse signature: per channel, an 8x8 grid of bl
 POINT_GRID = 16               # ... and the values at 16x16 fixed points (duplicate check)
 
 
-class _Acc:
+class ChannelAcc:
     """Streaming per-channel accumulators (float64) for one input."""
 
     def __init__(self, channels: int):
@@ -156,7 +156,7 @@ class Scan:
     usable sample (every input's file read and finite, within the paired count) its signature, digest
     and first input's file, and the files that could not be used."""
 
-    accs: list[_Acc]
+    accs: list[ChannelAcc]
     sizes: list[tuple[int, int]]
     signatures: list[tuple[np.ndarray, np.ndarray]]
     digests: list[str]
@@ -169,7 +169,7 @@ def scan_samples(inputs: list[InputData], files: list[list[Path]], paired: int, 
     samples feed the statistics and signatures, the rest are only checked."""
     channels = [d.channels for d in inputs]
     sizes: list[tuple[int, int]] = [(0, 0)] * len(inputs)
-    accs = [_Acc(c) for c in channels]
+    accs = [ChannelAcc(c) for c in channels]
     signatures: list[tuple[np.ndarray, np.ndarray]] = []
     digests: list[str] = []
     sample_files: list[Path] = []
@@ -201,7 +201,7 @@ def scan_samples(inputs: list[InputData], files: list[list[Path]], paired: int, 
     return Scan(accs, sizes, signatures, digests, sample_files, findings)
 
 
-def _read_finite(data: InputData, path: Path, acc: _Acc
+def _read_finite(data: InputData, path: Path, acc: ChannelAcc
                  ) -> tuple[np.ndarray | None, np.ndarray | None, Finding | None]:
     """The file's values, as read and as [C, M] (channels first), or an error finding when it cannot be
     read or holds NaN/Inf (counted in ``acc``)."""
