@@ -16,7 +16,7 @@ from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Candidate
 from tuner.console import progress_printer as progress_printer  # re-exported: study/ imports it from here
 from tuner.graph import Graph, Target, load_target
-from tuner.inputs.calibrated import MappedThresholds
+from tuner.inputs.calibrated_map import MappedThresholds
 from tuner.inputs.config import HbConfig, load_config
 from tuner.inputs.data import DataSet, dataset_from_config
 from tuner.inputs.model import LoadedModel, load_model

@@ -19,7 +19,8 @@ from onnx import TensorProto, helper
 
 from tuner.calib.methods import hb_kernel_percentile as kernel_percentile
 from tuner.errors import TunerError
-from tuner.inputs.calibrated import map_to_graph, parse_calibrated, read_calibrated
+from tuner.inputs.calibrated import parse_calibrated, read_calibrated
+from tuner.inputs.calibrated_map import map_to_graph
 from tuner.simulate.qdq import plan_scales
 from tuner.toolchain.calibrated_report import CalibratedReport, build_report
 from tuner.toolchain.calibrated_run import runnable_model
@@ -407,13 +408,14 @@ def pooled_thresholds(model, data, tensors, p):
 def hb_like_graph() -> onnx.ModelProto:
     """The tiny model as hb's optimizer leaves it where that matters to a calibrated model's tensors (its BN
     folded into the stem Conv, its Where split into Cast/Equal/Cast + Mul/Mul/Add), in plain ONNX ops."""
+    from tuner.graph.convfold import fold_into_convs
+    from tuner.graph.lower import split_where
     from tuner.graph.names import NameMap
-    from tuner.graph.optimize import _fold_into_convs, _split_where
 
     model = onnx.shape_inference.infer_shapes(build_tiny_model())
     names = NameMap()
-    _fold_into_convs(model, names)
-    _split_where(model, names)
+    fold_into_convs(model, names)
+    split_where(model, names)
     return model
 
 

@@ -11,7 +11,7 @@ from tuner.commands import args as a
 from tuner.errors import TunerError
 
 if TYPE_CHECKING:
-    from tuner.inputs.calibrated import MappedThresholds
+    from tuner.inputs.calibrated_map import MappedThresholds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,6 +70,19 @@ def run(args: argparse.Namespace) -> int:
     ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)
     cost = cost_model(ws, args.board)
     lat = cost.latency(ev.plan)
+    info = _info(ws, ev, lat, cost, t_stats)
+    if args.json:
+        if args.trace:
+            info["trace"] = text.accumulated_rows(ev, ws.graph)
+        print(text.to_json(ev, info))
+        return 0
+    _print_text(ws, ev, lat, cost, info, t_stats, args.trace)
+    return 0
+
+
+def _info(ws: Any, ev: Any, lat: Any, cost: Any, t_stats: float) -> dict[str, Any]:
+    """What ``tuner eval --json`` reports beside the evaluation: inputs, statistics, warnings, graph
+    rewrites, modeled latency, and hb_mapper's real qtypes or default's comparison."""
     info: dict[str, Any] = {
         "config": str(ws.config.path),
         "model": {"path": str(ws.model.path), "sha256": ws.model.fingerprint},
@@ -94,11 +107,15 @@ def run(args: argparse.Namespace) -> int:
         choice = ws.simulator.choice(ev.candidate)
         if isinstance(choice, DefaultChoice):
             info["default_comparison"] = [{"method": m.describe(), "score": v} for m, v in choice.scores]
-    if args.json:
-        if args.trace:
-            info["trace"] = text.accumulated_rows(ev, ws.graph)
-        print(text.to_json(ev, info))
-        return 0
+    return info
+
+
+def _print_text(ws: Any, ev: Any, lat: Any, cost: Any, info: dict[str, Any], t_stats: float, trace: bool) -> None:
+    """The terminal report, as hb_mapper's log has it: inputs, calibration, per-node table, summary,
+    latency, notes, default's comparison, merges and per-output similarity."""
+    from tuner.commands.latency import breakdown_text
+    from tuner.report import text
+
     for w in ws.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"model      {ws.model.path}  (sha256 {ws.model.fingerprint[:12]})")
@@ -111,11 +128,9 @@ def run(args: argparse.Namespace) -> int:
           + ("" if ev.calibration == ev.candidate.calibration else f"  (YAML: {ev.candidate.calibration.type})"))
     if ev.nodes:
         print()
-        print(text.accumulated_table(ev, ws.graph) if args.trace else text.node_table(ev))
+        print(text.accumulated_table(ev, ws.graph) if trace else text.node_table(ev))
     print()
     print(text.summary_line(ev))
-    from tuner.commands.latency import breakdown_text
-
     print(breakdown_text(lat, cost))
     if "real_qtypes" in info:
         counts = ", ".join(f"{n} {q}" for q, n in info["real_qtypes"].items())
@@ -124,15 +139,7 @@ def run(args: argparse.Namespace) -> int:
     for note in ev.notes:
         print(f"note: {note}")
     if "default_comparison" in info:
-        from tuner.console import table
-
-        chosen = ev.calibration.describe()
-        rows = [[r["method"], f"{r['score']:.6f}", "<< selected" if r["method"] == chosen else ""]
-                for r in info["default_comparison"]]
-        print()
-        print("default's comparison (model-wise output cosine on the first calibration sample; per-channel "
-              "methods as plain per-channel fake quant)")
-        print(table(["Method", "Score", ""], rows))
+        _print_default_comparison(ev, info["default_comparison"])
     merge = text.merge_info_table(ev)
     if merge:
         print()
@@ -140,4 +147,15 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(text.output_table(ev))
     print(f"\nmean output cosine {ev.mean_cosine:.6f}  ({ev.seconds:.2f} s)")
-    return 0
+
+
+def _print_default_comparison(ev: Any, comparison: list[dict[str, Any]]) -> None:
+    """hb_mapper's default calibration: the score of every method it compared, the chosen one marked."""
+    from tuner.console import table
+
+    chosen = ev.calibration.describe()
+    rows = [[r["method"], f"{r['score']:.6f}", "<< selected" if r["method"] == chosen else ""] for r in comparison]
+    print()
+    print("default's comparison (model-wise output cosine on the first calibration sample; per-channel "
+          "methods as plain per-channel fake quant)")
+    print(table(["Method", "Score", ""], rows))

@@ -10,8 +10,8 @@ from typing import Any
 import onnx
 
 from tuner.errors import TunerError
+from tuner.graph.hz import hz_kind
 from tuner.graph.names import NameMap
-from tuner.graph.optimize import hz_kind
 from tuner.graph.softmax import softmax_tensors
 
 # Inputs that carry data (and so get quantized on the BPU); other inputs are shapes, indices,

@@ -88,6 +88,36 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     graph as it is (onnxruntime's own quantizer sees that one: the oracle tests use it).
     """
     path = Path(path)
+    proto = _read_proto(path)
+    ir_version = proto.ir_version
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    warnings = _version_warnings(opset, ir_version, max_opset, max_ir)
+    shapes = _fix_input_shapes(path, proto, input_shapes)
+    folded = _fold_constants(proto)
+    _name_nodes(proto, warnings)
+    # Shapes of intermediate tensors are stale once input shapes changed; recompute them.
+    del proto.graph.value_info[:]
+    for out in proto.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    try:
+        proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise TunerError(f"{path}: ONNX shape inference failed ({exc}); check input_shape") from None
+    names = NameMap()
+    if hb_optimize:
+        proto, names = optimize(proto)
+        for name in folded:   # node_info naming one gets a note, not "not in the model"
+            names.rewrites.setdefault(name, Rewrite(name, "Constant", (), (), None, "constant folded"))
+        if names:
+            del proto.graph.value_info[:]
+            proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    return LoadedModel(path=path, proto=proto, fingerprint=file_fingerprint(path), input_shapes=shapes,
+                       opset=opset, ir_version=ir_version, warnings=warnings, names=names)
+
+
+def _read_proto(path: Path) -> onnx.ModelProto:
+    """The ONNX model at ``path``; a missing file, a Git LFS pointer, a damaged file or another format
+    is a TunerError that says which."""
     if not path.is_file():
         raise TunerError(f"{path}: model file not found; check model_parameters.onnx_model "
                          "(relative paths are resolved against the YAML's folder)")
@@ -105,15 +135,24 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
         raise TunerError(f"{path}: not an ONNX model ({type(exc).__name__}); export the float model to ONNX first") from None
     if len(proto.graph.node) == 0:
         raise TunerError(f"{path}: not an ONNX model (no graph nodes); export the float model to ONNX first")
+    return proto
+
+
+def _version_warnings(opset: int, ir_version: int, max_opset: int | None, max_ir: int | None) -> list[str]:
+    """hb_mapper's limits on the opset and IR version (the march's), as warnings."""
     warnings: list[str] = []
-    ir_version = proto.ir_version
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     if max_opset is not None and opset > max_opset:
         warnings.append(f"the model uses opset {opset}; hb_mapper for this march takes opset <= {max_opset} "
                         "and will reject it: export with opset_version=11")
-    if max_ir is not None and proto.ir_version > max_ir:
-        warnings.append(f"the model has ir_version {proto.ir_version}; hb_mapper takes ir_version <= {max_ir}")
+    if max_ir is not None and ir_version > max_ir:
+        warnings.append(f"the model has ir_version {ir_version}; hb_mapper takes ir_version <= {max_ir}")
+    return warnings
 
+
+def _fix_input_shapes(path: Path, proto: onnx.ModelProto,
+                      input_shapes: dict[str, tuple[int, ...]] | None) -> dict[str, tuple[int, ...]]:
+    """Give every real input (float32) a static shape, the YAML's (``input_shapes``) or the model's, in
+    place: input name -> shape. Initializers listed as inputs (old exporters) are dropped from the inputs."""
     graph = proto.graph
     init_names = {i.name for i in graph.initializer}
     real_inputs = [i for i in graph.input if i.name not in init_names]
@@ -146,26 +185,7 @@ def load_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None
     if overrides:
         raise TunerError(f"{path}: input_parameters.input_name names {sorted(overrides)}, which the model does not "
                          f"have; its inputs are {[v.name for v in real_inputs]}")
-    folded = _fold_constants(proto)
-    _name_nodes(proto, warnings)
-    # Shapes of intermediate tensors are stale once input shapes changed; recompute them.
-    del graph.value_info[:]
-    for out in graph.output:
-        out.type.tensor_type.ClearField("shape")
-    try:
-        proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    except Exception as exc:
-        raise TunerError(f"{path}: ONNX shape inference failed ({exc}); check input_shape") from None
-    names = NameMap()
-    if hb_optimize:
-        proto, names = optimize(proto)
-        for name in folded:   # node_info naming one gets a note, not "not in the model"
-            names.rewrites.setdefault(name, Rewrite(name, "Constant", (), (), None, "constant folded"))
-        if names:
-            del proto.graph.value_info[:]
-            proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    return LoadedModel(path=path, proto=proto, fingerprint=file_fingerprint(path), input_shapes=shapes,
-                       opset=opset, ir_version=ir_version, warnings=warnings, names=names)
+    return shapes
 
 
 def _fold_constants(proto: onnx.ModelProto) -> list[str]:

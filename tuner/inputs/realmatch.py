@@ -15,14 +15,8 @@ import onnx
 
 from tuner.errors import TunerError
 from tuner.graph import Graph
-from tuner.inputs.calibrated import (
-    CalibratedModel,
-    HbGraph,
-    MappedThresholds,
-    counterpart,
-    map_to_graph,
-    read_calibrated,
-)
+from tuner.inputs.calibrated import CalibratedModel, read_calibrated
+from tuner.inputs.calibrated_map import HbGraph, MappedThresholds, counterpart, map_to_graph
 from tuner.inputs.hzops import plain_model
 from tuner.runtime.session import make_session, with_outputs
 

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Node, Target
-from tuner.graph.optimize import HB_HARD_SIGMOID
+from tuner.graph.hz import HB_HARD_SIGMOID
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
 from tuner.simulate.perchannel import channel_scales, channel_top

@@ -27,7 +27,8 @@ import numpy as np
 
 from tuner.candidate import Calibration
 from tuner.graph import Graph
-from tuner.inputs.calibrated import HzNode, MappedThresholds
+from tuner.inputs.calibrated import HzNode
+from tuner.inputs.calibrated_map import MappedThresholds
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import QMAX, Scale, Scales
 

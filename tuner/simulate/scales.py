@@ -39,7 +39,7 @@ from tuner.calib.methods import channel_thresholds
 from tuner.calib.stats import TensorStats
 from tuner.calib.thresholds import ThresholdMemo
 from tuner.candidate import Calibration
-from tuner.graph.optimize import HB_HARD_SIGMOID
+from tuner.graph.hz import HB_HARD_SIGMOID
 
 QMAX = {"int8": 127, "int16": 32767, "uint8": 255}
 

@@ -86,11 +86,59 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
     keeps a calibration of its own, which the group then takes (measured: the example under
     set_all_nodes_int16, whose int16 residual unfuses ``/enc4/enc4.1`` Conv+Add+Relu, gives the Relu, the
     Resize after it and ``/Concat_2`` the Add output's threshold 6.49927, not the Concat's 10.94)."""
-    through = set(target.passive_ops) | THROUGH_SAME_SCALE
     entries = {name for name, s in candidate.nodes if s.on != "CPU" and s.to_dict()}
+    fused_pairs = set(fused)
+    tables = _table_nodes(graph, placement, fused_pairs)
+    groups, joined = _join(graph, target, placement, fused_pairs, entries, tables)
+    # outputs of the joining nodes: a member they write is derived from the group, not its root
+    derived = {o for name, _ in joined for o in graph.by_name[name].outputs}
+    members: dict[str, list[str]] = {}
+    for t in list(groups.parent):
+        members.setdefault(groups.find(t), []).append(t)
     order = {n.name: i for i, n in enumerate(graph)}
+    out: dict[str, str] = {}
+    for group in members.values():
+        if len(group) < 2:
+            continue
+        source = _group_source(graph, placement, group, derived, joined, tables, entries, fused_pairs, order)
+        if source is None:
+            continue
+        for t in group:
+            if t != source:
+                out[t] = source
+    return out
+
+
+def _standalone_clip(graph: Graph, placement: Mapping[str, str], fused_pairs: set[tuple[str, str]],
+                     node: Node) -> bool:
+    """A BPU Clip not fused into its producer: a table of its own, like an unfused Relu."""
+    p = graph.producer.get(node.inputs[0]) if node.inputs else None
+    return node.op_type == "Clip" and placement[node.name] == "BPU" and not (
+        p is not None and (p.name, node.name) in fused_pairs)
+
+
+def _table_nodes(graph: Graph, placement: Mapping[str, str], fused_pairs: set[tuple[str, str]]) -> set[str]:
+    """The BPU Relus not fused into their producer (hb's ``HzLut`` / ``HzLut2Layer`` rows) and the
+    standalone Clips: their input is calibrated, and their group takes that threshold."""
+    tables = set()
+    for n in graph:
+        p = graph.producer.get(n.inputs[0]) if n.op_type == "Relu" and n.inputs else None
+        if p is not None and placement[n.name] == "BPU" and (p.name, n.name) not in fused_pairs:
+            tables.add(n.name)
+    # a standalone Clip is such a table too: its input is calibrated, and the group takes that threshold
+    tables |= {n.name for n in graph if _standalone_clip(graph, placement, fused_pairs, n)}
+    return tables
+
+
+def _join(graph: Graph, target: Target, placement: Mapping[str, str], fused_pairs: set[tuple[str, str]],
+          entries: set[str], tables: set[str]) -> tuple[_Groups, set[tuple[str, str]]]:
+    """The groups of tensors that share one threshold: a pass-through op's input and outputs (on the
+    BPU, or a split op a BPU node reads), a BPU Concat without a node_info entry and its inputs that only
+    it reads (not one calibrated for a table Relu). Also the (reader, tensor) edges that are group links,
+    not reads."""
+    through = set(target.passive_ops) | THROUGH_SAME_SCALE
     groups = _Groups()
-    joined: set[tuple[str, str]] = set()     # (reader, tensor) edges that are group links, not reads
+    joined: set[tuple[str, str]] = set()
 
     def has_bpu_reader(t: str) -> bool:
         return any(placement[c.name] == "BPU" for c, _ in graph.consumers.get(t, []))
@@ -104,24 +152,9 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
         return any(groups.find(m) == root and any(c.name in tables for c, _ in graph.consumers.get(m, []))
                    for m in list(groups.parent))
 
-    fused_pairs = set(fused)
-    tables = set()
-    for n in graph:
-        p = graph.producer.get(n.inputs[0]) if n.op_type == "Relu" and n.inputs else None
-        if p is not None and placement[n.name] == "BPU" and (p.name, n.name) not in fused_pairs:
-            tables.add(n.name)
-
-    def standalone_clip(node: Node) -> bool:
-        p = graph.producer.get(node.inputs[0]) if node.inputs else None
-        return node.op_type == "Clip" and placement[node.name] == "BPU" and not (
-            p is not None and (p.name, node.name) in fused_pairs)
-
-    # a standalone Clip is such a table too: its input is calibrated, and the group takes that threshold
-    tables |= {n.name for n in graph if standalone_clip(n)}
-
     for node in graph:
         data = graph.data_inputs(node)
-        if (node.op_type in through or standalone_clip(node)) and data and node.outputs:
+        if (node.op_type in through or _standalone_clip(graph, placement, fused_pairs, node)) and data and node.outputs:
             t = data[0][1]
             if placement[node.name] == "BPU" or (node.op_type in SPLIT_OPS and has_bpu_reader(t)):
                 for o in node.outputs:
@@ -132,46 +165,38 @@ def shared_groups(graph: Graph, target: Target, candidate: Candidate, placement:
                 if len(graph.consumers.get(t, [])) == 1 and not own_root(t):
                     groups.union(node.outputs[0], t)
                     joined.add((node.name, t))
-    # outputs of the joining nodes: a member they write is derived from the group, not its root
-    derived = {o for name, _ in joined for o in graph.by_name[name].outputs}
-    members: dict[str, list[str]] = {}
-    for t in list(groups.parent):
-        members.setdefault(groups.find(t), []).append(t)
-    out: dict[str, str] = {}
-    for group in members.values():
-        if len(group) < 2:
-            continue
-        roots = [t for t in group if t not in derived]
+    return groups, joined
 
-        def calibrated(t: str) -> bool:
-            for c, _ in graph.consumers.get(t, []):
-                if placement[c.name] == "BPU" and ((c.name, t) not in joined or c.name in tables
-                                                   or c.op_type in CALIBRATED_INPUT):
-                    return True
-            return False
 
-        def entry_reader(t: str) -> bool:
-            """A pass-through reader of ``t`` with a node_info entry; not an activation fused into the Conv
-            that writes ``t`` (no calibration node there: toys V1, V3, U7, U9, an int16 entry on such a Relu
-            leaves the Relu output's threshold as it was, 9.594 and 16.2 in V1 and V3 as in V0)."""
-            p = graph.producer.get(t)
-            return any(c.name in entries for c, _ in graph.consumers.get(t, [])
-                       if (c.name, t) in joined and not (p is not None and (p.name, c.name) in fused_pairs))
+def _group_source(graph: Graph, placement: Mapping[str, str], group: list[str], derived: set[str],
+                  joined: set[tuple[str, str]], tables: set[str], entries: set[str],
+                  fused_pairs: set[tuple[str, str]], order: Mapping[str, int]) -> str | None:
+    """The member whose threshold the group takes: its first root (a member no joining node writes)
+    that is calibrated or read by a pass-through node with a node_info entry, else its calibrated
+    member written first; None when no member is calibrated."""
 
-        source = None
-        for root in roots:
-            if calibrated(root) or entry_reader(root):
-                source = root
-                break
-        if source is None:
-            cands = [t for t in group if calibrated(t)]
-            if not cands:
-                continue
-            source = min(cands, key=lambda t: (order[p.name] if (p := graph.producer.get(t)) is not None else -1, t))
-        for t in group:
-            if t != source:
-                out[t] = source
-    return out
+    def calibrated(t: str) -> bool:
+        for c, _ in graph.consumers.get(t, []):
+            if placement[c.name] == "BPU" and ((c.name, t) not in joined or c.name in tables
+                                               or c.op_type in CALIBRATED_INPUT):
+                return True
+        return False
+
+    def entry_reader(t: str) -> bool:
+        """A pass-through reader of ``t`` with a node_info entry; not an activation fused into the Conv
+        that writes ``t`` (no calibration node there: toys V1, V3, U7, U9, an int16 entry on such a Relu
+        leaves the Relu output's threshold as it was, 9.594 and 16.2 in V1 and V3 as in V0)."""
+        p = graph.producer.get(t)
+        return any(c.name in entries for c, _ in graph.consumers.get(t, [])
+                   if (c.name, t) in joined and not (p is not None and (p.name, c.name) in fused_pairs))
+
+    for root in (t for t in group if t not in derived):
+        if calibrated(root) or entry_reader(root):
+            return root
+    cands = [t for t in group if calibrated(t)]
+    if not cands:
+        return None
+    return min(cands, key=lambda t: (order[p.name] if (p := graph.producer.get(t)) is not None else -1, t))
 
 
 def threshold_sources(graph: Graph, target: Target, candidate: Candidate, placement: Mapping[str, str],

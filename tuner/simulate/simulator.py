@@ -25,7 +25,7 @@ from tuner.candidate import Calibration, Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Node, Target
 from tuner.graph.softmax import SOFTMAX_PARTS, softmax_part, softmax_tensors
-from tuner.inputs.calibrated import MappedThresholds
+from tuner.inputs.calibrated_map import MappedThresholds
 from tuner.inputs.data import DataSet
 from tuner.inputs.model import LoadedModel
 from tuner.metrics import Similarity
@@ -186,7 +186,7 @@ class Simulator:
 
     # -- calibration -------------------------------------------------------------------
     def use_thresholds(self, real: MappedThresholds | None, honour_qtypes: bool = True) -> None:
-        """Simulate with hb_mapper's real thresholds (a :class:`~tuner.inputs.calibrated.MappedThresholds`
+        """Simulate with hb_mapper's real thresholds (a :class:`~tuner.inputs.calibrated_map.MappedThresholds`
         from its calibrated model) instead of tuner's calibration; None: back to tuner's own.
         ``honour_qtypes``: the real qtypes win over the plan's int8/int16 (see tuner.simulate.realscales)."""
         self.real = real

@@ -182,7 +182,7 @@ class QuantWeight:
 def hb_folded_weight(w_init: onnx.TensorProto, w_val: np.ndarray, s_in: Scale | None, scales: np.ndarray,
                      memo: dict[Any, Any]) -> QuantWeight:
     """hb_mapper's own quantized weight, where its calibrated model gives one (folded BN undone:
-    tuner.inputs.calibrated._unfolded): the simulation then computes with exactly hb's integers. The
+    tuner.inputs.calibrated_map._unfolded): the simulation then computes with exactly hb's integers. The
     scales stay those of max calibration (only the bias grid reads them)."""
     digest = hashlib.sha256(w_val.tobytes()).hexdigest()[:12]
     key = ("wfold", w_init.name, digest)

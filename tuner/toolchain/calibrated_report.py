@@ -24,12 +24,8 @@ import onnx
 
 from tuner.calib.methods import hb_kernel_percentile
 from tuner.console import table
-from tuner.inputs.calibrated import (
-    QMAX,
-    CalibratedModel,
-    HzNode,
-    MappedThresholds,
-)
+from tuner.inputs.calibrated import QMAX, CalibratedModel, HzNode
+from tuner.inputs.calibrated_map import MappedThresholds
 from tuner.inputs.realmatch import address, load_thresholds
 from tuner.toolchain.calibrated_run import PcCheck, check_on_pc
 
