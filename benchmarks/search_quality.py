@@ -185,10 +185,10 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
     if objective == "task" and prep.labelled_metric:
         task_objective(prep)
     tuner_search, open_s = open_search(prep.space, "tuner", results)
-    sim, resolved = tuner_search.ws.simulator, tuner_search.resolved
+    sim, resolved = tuner_search.problem.ws.simulator, tuner_search.problem.resolved
     metric = "mean_cosine"   # the goal's metric (the study's objective may be the task metric)
-    n_sens = len(tuner_search.sensitivity) + 1
-    scorer = Scorer(sim, tuner_search.cost, metric)
+    n_sens = len(tuner_search.problem.sensitivity) + 1
+    scorer = Scorer(sim, tuner_search.problem.cost, metric)
     float_task = sim.float_task()     # the float model's task metrics, which the goals are floored against
     task_name = prep.labelled_metric
     floors = ((task_name, float_task[task_name] - 0.01),) if task_name else ()
@@ -210,7 +210,7 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
     best_cal = max(calibrations, key=lambda c: (calibrations[c], c.type != "default"))
 
     # 2. greedy revert, ranked by the node sensitivity the study computed (its cost: n_sens)
-    g = greedy_revert(resolved, scorer, goal, best_cal, tuner_search.sensitivity, sensitivity_evaluations=n_sens)
+    g = greedy_revert(resolved, scorer, goal, best_cal, tuner_search.problem.sensitivity, sensitivity_evaluations=n_sens)
     lines.append(score_line("greedy revert", g.final, goal, task_name,
                             f"{g.evaluations} ({n_sens} ranking + {len(g.steps)} steps)", open_s + g.seconds,
                             f"{best_cal.describe()}"))
@@ -231,7 +231,7 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
                                  f"{budget} trials + {n_sens} sensitivity", open_s + t_wall)
     lines.append(t_line)
     r_search, r_open = open_search(prep.space, "random", results, sampler="random", share_from="tuner")
-    if [d.param for d in r_search.resolved.decisions] != [d.param for d in resolved.decisions]:
+    if [d.param for d in r_search.problem.resolved.decisions] != [d.param for d in resolved.decisions]:
         raise SystemExit(f"{prep.name}: random's space differs from tuner's")
     r_rows, r_wall = run_study(r_search, budget, seed, warm=False)
     r_line, _ = study_line("random search", r_rows, goal, task_name, f"{budget} trials + {n_sens} sensitivity",
@@ -247,10 +247,10 @@ def bench_model(prep: Prepared, tmp: Path, budget: int, seed: int, objective: st
     text = [f"### {prep.name}", "", prep.note + ".", "",
             f"Goal: {goal.describe()}" + (f" (float {task_name} = {float_task[task_name]:.4f})" if task_name else "")
             + f". Space: {len(resolved.decisions)} node decisions (top {len(resolved.decisions)} of "
-              f"{len(tuner_search.sensitivity)} by the gain of their best fix, CPU or int16)"
+              f"{len(tuner_search.problem.sensitivity)} by the gain of their best fix, CPU or int16)"
             + (f", calibration knobs {', '.join(resolved.calibration_params)}" if resolved.calibration_params else "")
             + f"; budget {budget} trials, seed {seed}; study objective "
-              f"{tuner_search.space.objective.accuracy} >= {tuner_search.space.objective.min_accuracy:.4f}.", "",
+              f"{tuner_search.problem.space.objective.accuracy} >= {tuner_search.problem.space.objective.min_accuracy:.4f}.", "",
             fmt_lines(lines, task_name), "",
             f"Hypervolume of the trials meeting the goal (% of [{prep.min_accuracy}, 1] x [0, {ref_ms:.3f} ms]): "
             f"tuner {hv['tuner']:.2f}, random {hv['random']:.2f}.", "", checks, ""]
@@ -425,9 +425,9 @@ def bench_exhaustive(tmp: Path, top_k: int, budget: int, seed: int, feasible_sha
     prep = prepare_segdepth(tmp / "model", top_k=top_k, precision=("int8", "int16"), calibration=cal)
     results = tmp / "results"
     enum_search, _ = open_search(prep.space, "enumerate", results)
-    sim, resolved = enum_search.ws.simulator, enum_search.resolved
-    metric = enum_search.space.objective.accuracy
-    scorer = Scorer(sim, enum_search.cost, metric)
+    sim, resolved = enum_search.problem.ws.simulator, enum_search.problem.resolved
+    metric = enum_search.problem.space.objective.accuracy
+    scorer = Scorer(sim, enum_search.problem.cost, metric)
     task_name = prep.labelled_metric
     float_task = sim.float_task()
     grid = list(itertools.product(*(d.choices for d in resolved.decisions)))
