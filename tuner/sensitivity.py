@@ -33,6 +33,7 @@ from tuner.files import write_atomic
 from tuner.graph import Graph, Target
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Resolved, Simulator
+from tuner.simulate.placement import CPU_RUNTIME_LACKS
 
 #: Seconds between writes of a partial ranking (a run killed with kill -9 loses at most this much).
 SAVE_EVERY_S = 5.0
@@ -56,6 +57,13 @@ def int16_setting(graph: Graph, target: Target, name: str, on: str = "BPU") -> N
     if only is None:
         return NodeSetting(on=on, input_type="int16", output_type=out16)
     return NodeSetting(on=on, input_types=tuple((k, "int16") for k in sorted(only)), output_type=out16)
+
+
+def everything_else_on_cpu(graph: Graph) -> dict[str, NodeSetting]:
+    """``ON: CPU`` for every node the CPU runtime runs, the base of the "alone quantized" analyses. A fused
+    activation stays on the BPU (int8): on the CPU hb_mapper refuses it, and so does the simulation
+    (placement.CPU_RUNTIME_LACKS)."""
+    return {n.name: NodeSetting(on="CPU") for n in graph if n.op_type not in CPU_RUNTIME_LACKS}
 
 
 def best_gain(gains: Mapping[str, float | None]) -> float:
@@ -83,7 +91,10 @@ def leave_one_fixed(sim: Simulator, base: Candidate, nodes: list[str], metric: s
     last = time.monotonic()
     try:
         for name in todo:
-            fixes = {"cpu": NodeSetting(on="CPU"), "int16": int16_setting(sim.graph, sim.target, name)}
+            # no CPU fix for a fused activation: hb_mapper refuses it there (placement.CPU_RUNTIME_LACKS)
+            cpu_ok = sim.graph.by_name[name].op_type not in CPU_RUNTIME_LACKS
+            fixes = {"cpu": NodeSetting(on="CPU") if cpu_ok else None,
+                     "int16": int16_setting(sim.graph, sim.target, name)}
             gains: Gains = {}
             for fix in FIXES:
                 setting = fixes[fix]
@@ -172,7 +183,7 @@ def sensitivity_table(sim: Simulator, base: Candidate, nodes: list[str], metric:
     if gains is None or any(n not in gains for n in nodes):
         gains = leave_one_fixed(sim, base, nodes, metric)
     graph, target = sim.graph, sim.target
-    all_cpu = {n.name: NodeSetting(on="CPU") for n in graph}
+    all_cpu = everything_else_on_cpu(graph)
     rows = []
     for i, name in enumerate(nodes):
         op = graph.by_name[name].op_type

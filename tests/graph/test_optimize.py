@@ -117,15 +117,16 @@ def test_silu_is_one_lut_named_after_its_mul_and_quantized_once_in_and_out(targe
     _same_function(before, model)
 
 
-def test_node_info_under_the_onnx_names_of_a_fused_region_reaches_the_fused_node(target):
+def test_node_info_on_a_member_of_a_fused_region_does_not_place_it(target):
+    """hb places a fused activation by its own name (the Mul): ON: CPU on its Sigmoid leaves it on the BPU
+    (toy silu, sig ON CPU: no CPU node; docs/hb_rules/placement.md section 8), and ON: CPU on the Mul is refused."""
     model, names = optimize(silu_model())
     graph = Graph(model, names)
     plan = make_plan(graph, target, Candidate.make(nodes={"/act/Sigmoid": {"ON": "CPU"}}))
-    assert plan.cpu_nodes == ["/act/Mul"]
-    assert any("fused into HzSwish" in n for n in plan.notes)
-    # the fused node's own name wins over an entry lent by a member
-    plan = make_plan(graph, target, Candidate.make(nodes={"/act/Sigmoid": {"ON": "CPU"}, "/act/Mul": {"ON": "BPU"}}))
     assert plan.cpu_nodes == []
+    assert any("fused into HzSwish" in n and "no effect" in n for n in plan.notes)
+    with pytest.raises(TunerError, match="HorizonRT not support these cpu operators: HzSwish"):
+        make_plan(graph, target, Candidate.make(nodes={"/act/Mul": {"ON": "CPU"}}))
 
 
 def test_sigmoid_times_a_constant_is_no_silu():

@@ -64,7 +64,14 @@ class NameMap:
                              "calibration; the entry has no effect")
                 continue
             own = r.nodes == (name,)
+            applied = False
             for key, value in fields.items():
+                if key == "ON" and not own and r.reason.startswith("fused into"):
+                    # hb places a fused activation by its own name only: ON: CPU on the Sigmoid, HardSigmoid,
+                    # Tanh, Erf, Add, Clip or Div of one leaves it on the BPU (toys, docs/hb_rules/placement.md 8)
+                    notes.append(f"node_info {name!r} ({r.op_type}): {r.reason}; its 'ON' has no effect (hb_mapper "
+                                 f"places the fused node by its own name, {', '.join(r.nodes)})")
+                    continue
                 if key == "ON":
                     targets = [(n, key) for n in r.nodes]
                 elif key == "OutputType":
@@ -77,11 +84,12 @@ class NameMap:
                 else:
                     targets = [(n, key) for n in r.nodes]
                 for node, field_name in targets:
+                    applied = True
                     if own:
                         direct.setdefault(node, {})[field_name] = value
                     else:
                         lent[node].setdefault(field_name, value)
-            if not own:
+            if not own and applied:
                 notes.append(f"node_info {name!r} ({r.op_type}): {r.reason}; applied to {', '.join(r.nodes)}")
         for node, fields in lent.items():
             merged = dict(fields)

@@ -18,8 +18,9 @@ and reports its nodes under the names hb_mapper's log prints:
   forms of GELU are each one lookup table on the BPU: quantized once at the input and once at the
   output. Real X5 logs show SiLU as one ``HzLut`` row named after the Mul, with no Sigmoid row
   (docs/hb_rules/quantizer.md §5, log 22843858307); the fused kinds ``HzSwish``, ``HzHardSwish``, ``HzMish``
-  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350) [inferred for Mish and GELU: no
-  real log shows them fused; the patterns are the usual exporter forms; HardSwish measured]. The
+  and ``HzGelu`` are in horizon_nn's engine table (src 24962597350); toys at O0 show each form here fused
+  (x * tanh(softplus(x)) -> ``HzMish``, the erf GELU -> ``HzGelu`` named after its last Mul, both HardSwish
+  forms -> ``HzHardSwish``: docs/hb_rules/placement.md section 8). The
   fused node keeps the name of the region's last node (a HardSwish: its x * f(x) Mul, as hb names
   it, also before a Div by 6), and becomes an ONNX model-local function of that
   kind (domain ``tuner.hz``), which onnxruntime inlines: the float values are unchanged.

@@ -5,7 +5,8 @@ warning), else the march's defaults decide (Softmax on the BPU only when asked b
 option, or under set_all_nodes_int16 over the last axis). hb_mapper then moves nodes itself: a
 Relu/Clip fused after a BPU Conv stays with it, a split Where's Cast joins a BPU comparison, and
 pulled ops whose readers are all on the CPU follow them (each rule a function below, with its
-measurements). A configuration with no BPU node is refused, as hb_mapper refuses it.
+measurements). A configuration with no BPU node is refused, as hb_mapper refuses it, and so is one that
+puts a fused activation on the CPU, whose runtime has no such operator (:func:`cpu_runtime_refusal`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,33 @@ def place(graph: Graph, target: Target, candidate: Candidate) -> tuple[dict[str,
         # measured; one BPU Add is enough to pass).
         raise TunerError("hb_mapper refuses this configuration: there is no node on the BPU (\"There is no node "
                          "can execute on BPU in this model\"); keep at least one node on the BPU")
+    refusal = cpu_runtime_refusal(graph, placement)
+    if refusal:
+        raise TunerError(refusal)
     return placement, notes
+
+
+#: Fused activations (tuner.graph.optimize) the CPU runtime has no operator for. hb_mapper runs such a
+#: node on the CPU when its ``node_info`` says ``ON: CPU`` (and never moves it back), calibrates and compiles
+#: the model, and then refuses it while writing the runtime model: "HorizonRT not support these cpu
+#: operators: HzHardSwish" (exit 255; horizon_tc_ui/hbdtort/onnx2horizonrt.py checks each CPU node's type
+#: against its table of 144 runtime ops, which has HardSwish and HardSigmoid but no fused Hz kind). Measured
+#: with toys Conv -> activation -> Conv at O0 (docs/hb_rules/placement.md section 8): x * hardsigmoid(x),
+#: x * clip(x + 3, 0, 6) / 6, x * sigmoid(x), x * tanh(softplus(x)) and the erf GELU each refused with their
+#: kind (HzHardSwish, HzSwish, HzMish, HzGelu); PP-OCR's classifier with ``Mul@3: ON: CPU`` too (search
+#: quality run). A lowered Mul by a constant (HzChannelScale) is a float Conv on the CPU: accepted.
+CPU_RUNTIME_LACKS = frozenset({"HzSwish", "HzHardSwish", "HzMish", "HzGelu"})
+
+
+def cpu_runtime_refusal(graph: Graph, placement: dict[str, str]) -> str | None:
+    """Why hb_mapper refuses ``placement`` at its last step, or None: a fused activation on the CPU."""
+    bad = [(n.name, n.op_type) for n in graph if placement.get(n.name) == "CPU" and n.op_type in CPU_RUNTIME_LACKS]
+    if not bad:
+        return None
+    kinds = " ".join(sorted({k for _, k in bad}))
+    nodes = ", ".join(f"{name} ({kind})" for name, kind in bad)
+    return (f"hb_mapper refuses this configuration: {nodes} on the CPU (\"HorizonRT not support these cpu "
+            f"operators: {kinds}\", after calibrating and compiling); a fused activation runs on the BPU only")
 
 
 def requested_placement(graph: Graph, target: Target, candidate: Candidate) -> tuple[dict[str, str], list[str]]:

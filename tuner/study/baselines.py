@@ -23,6 +23,7 @@ from tuner.candidate import Calibration, Candidate, NodeSetting
 from tuner.cost import CostModel
 from tuner.errors import TunerError
 from tuner.metrics.accuracy import accuracy
+from tuner.sensitivity import everything_else_on_cpu
 from tuner.simulate import Simulator
 from tuner.study.space import Decision, ResolvedSpace
 
@@ -165,7 +166,7 @@ def alone_int8(simulator: Simulator, metric: str, calibration: Calibration, node
                optimization: tuple[str, ...] = ()) -> dict[str, float]:
     """Accuracy with only this node quantized (int8 on the BPU, everything else float on the CPU):
     the per-node "sensitivity" the Horizon recipe thresholds. One evaluation per node."""
-    all_cpu = {n.name: NodeSetting(on="CPU") for n in simulator.graph}
+    all_cpu = everything_else_on_cpu(simulator.graph)
     out = {}
     for name in nodes:
         settings = dict(all_cpu)

@@ -27,6 +27,7 @@ from tuner.errors import TunerError
 from tuner.graph import Graph, Target
 from tuner.inputs.config import read_yaml
 from tuner.metrics.task import MetricSpec, parse_metric_spec
+from tuner.simulate.placement import CPU_RUNTIME_LACKS
 from tuner.study.record import Objectives
 from tuner.study.sections import (
     PRECISIONS,
@@ -255,7 +256,8 @@ def node_choices(op_type: str, target: Target, placements: list[str], precisions
                  node: onnx.NodeProto | None = None) -> list[str]:
     """The legal choices for one node, as strings: 'BPU', 'BPU:int16_input', ..., 'CPU'.
 
-    With ``node``, its attributes count too (a dilated Conv has no int16 output)."""
+    With ``node``, its attributes count too (a dilated Conv has no int16 output). A fused activation has no
+    'CPU': hb_mapper refuses it there (tuner.simulate.placement.CPU_RUNTIME_LACKS)."""
     out = []
     if "BPU" in placements and target.bpu_capable(op_type):
         for p in precisions:
@@ -265,7 +267,7 @@ def node_choices(op_type: str, target: Target, placements: list[str], precisions
             if out16 and not target.int16_output(op_type, node):
                 continue
             out.append("BPU" if p == "int8" else f"BPU:{p}")
-    if "CPU" in placements:
+    if "CPU" in placements and op_type not in CPU_RUNTIME_LACKS:
         out.append("CPU")
     return out
 
