@@ -44,6 +44,11 @@ def _gap(model: str, cases: tuple[str, ...], checks: tuple[str, ...], reason: st
 
 
 _gap("ppocr_det", ("kl",), ("thresholds",), KL_TIE)
+_gap("ppocr_det", ("per_channel_int16",), ("node_cosine",),
+     "int16 into the per-channel p2o.Add.15: tuner reproduces hb's collapse (output cosine real 0.005, sim 0.009) and "
+     "every node up to p2o.Mul.10 (|delta| < 1e-5), but downstream of the saturated p2o.Conv.3 input the per-node "
+     "cosines of two saturated computations part ways (p2o.Conv.3 real 0.680, sim 0.326; median |delta| 0.18): "
+     "hb's integer lowering of the x270 copy is not modelled beyond its float form")
 GAPS[("ppocr_cls", "*", "order")] = (
     "six of the classifier's seven configurations lie within 0.006 of one another on the real quantized model "
     "(0.9626-0.9683; kl 0.9362) and hb's integer kernels move each by up to 0.004: tuner differs by up to 0.0037 "

@@ -163,7 +163,12 @@ def equalization(absmax: np.ndarray | None, readers: Iterable[Reader],
     return out
 
 
-def _head(node: Node, into: Mapping[str, Node]) -> Node:
+def fusion_heads(graph: Graph, plan: Plan) -> dict[str, Node]:
+    """Each fused member -> the member before it (what :func:`head` walks back)."""
+    return {b: graph.by_name[a] for a, b in plan.fused}
+
+
+def head(node: Node, into: Mapping[str, Node]) -> Node:
     """The first node of the fusion group ``node`` ends (``into``: member -> the member before it)."""
     seen = 0
     while node.name in into and seen < 16:
@@ -179,7 +184,7 @@ def candidates(graph: Graph, plan: Plan) -> dict[str, tuple[Reader, ...]]:
     a tensor a CPU node reads or one whose writer runs on the CPU stay per tensor. (A tensor lending its
     threshold has a pass-through or Concat reader, which the reader rule already refuses, or lends it
     to the inside of its own fusion group.)"""
-    into = {b: graph.by_name[a] for a, b in plan.fused}
+    into = fusion_heads(graph, plan)
     shared = set(plan.scale_of)
     outputs = set(graph.output_names)
     out: dict[str, tuple[Reader, ...]] = {}
@@ -193,7 +198,7 @@ def candidates(graph: Graph, plan: Plan) -> dict[str, tuple[Reader, ...]]:
         producer = graph.producer.get(tensor)
         if producer is not None:
             if plan.placement.get(producer.name) != "BPU" or producer.op_type not in GROUP_TAILS \
-                    or _head(producer, into).op_type not in CONV_HEADS:
+                    or head(producer, into).op_type not in CONV_HEADS:
                 continue
         readers = _readers(graph, plan, tensor, into)
         if readers:
@@ -214,7 +219,7 @@ def _readers(graph: Graph, plan: Plan, tensor: str, into: Mapping[str, Node]) ->
             found.append(Reader(w, int(node.attr("group", 1))))
         elif node.op_type == "HzChannelScale" and k == 0:
             found.append(Reader())
-        elif node.op_type == "Add" and node.name in into and _head(node, into).op_type in CONV_HEADS \
+        elif node.op_type == "Add" and node.name in into and head(node, into).op_type in CONV_HEADS \
                 and (producer is None or into[node.name].name != producer.name):
             found.append(Reader())      # the residual input of a Conv+Add group
         else:

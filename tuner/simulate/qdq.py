@@ -21,7 +21,8 @@ from tuner.graph import Graph, Node, Target
 from tuner.graph.hz import HB_HARD_SIGMOID
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
-from tuner.simulate.perchannel import channel_scales, channel_top
+from tuner.simulate.adjust import QMAX16, adjustment
+from tuner.simulate.perchannel import CONV_HEADS, channel_scales, channel_top, fusion_heads, head
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import PlanScales, Scale, Scales, channelwise
 from tuner.simulate.weights import (
@@ -183,6 +184,7 @@ class _Build:
         self.new_inits: dict[str, onnx.TensorProto] = {}
         self.qdq_after: dict[str, list[onnx.NodeProto]] = defaultdict(list)  # Q/DQ pairs, keyed by the tensor they read
         self.made: dict[tuple[str, str, bool], str] = {}
+        self.adjusted_points: dict[tuple[str, str], str | None] = {}
         self.weight_names: set[str] = set()
         # Quantized model outputs: the producer writes "<out>__raw"; Q/DQ writes "<out>".
         self.raw = {out: f"{out}__raw" for out in plan.outputs}
@@ -270,10 +272,80 @@ class _Build:
         plan, raw = self.plan, self.raw
         for (node, k), (tensor, dtype) in plan.edges.items():
             channel = self.plain or (k == 0 and node in self.equalized) or tensor in self.per_channel
-            self.inputs_of[(node, k)] = self.quantized(tensor, dtype, raw.get(tensor), channel=channel)
+            adjusted = self.adjusted(tensor, dtype) if channel and k == 0 and node in self.equalized else None
+            self.inputs_of[(node, k)] = adjusted or self.quantized(tensor, dtype, raw.get(tensor), channel=channel)
         for (node, k), (tensor, dtype) in plan.cpu_reads.items():
             self.inputs_of[(node, k)] = self.quantized(tensor, dtype, raw.get(tensor), channel=self.plain)
         return {out: self.quantized(out, dtype, raw[out], channel=self.plain) for out, dtype in plan.outputs.items()}
+
+    def adjusted(self, tensor: str, dtype: str) -> str | None:
+        """The per-channel point of ``tensor`` behind hb's AdjustConvQuantParams copy (tuner.simulate.adjust),
+        where its writer is a Conv group (a Conv, a lowered Mul) with an int16 input and every reader an
+        equalized Conv: the writer's output rounded on the copy's int16 grid, multiplied by the copy's gain,
+        then quantized as the readers' point is. None where hb inserts nothing (or tuner does not model it:
+        hb's own thresholds in use, a tensor its writer emits in another dtype)."""
+        key = (tensor, dtype)
+        if key in self.adjusted_points:
+            return self.adjusted_points[key]
+        self.adjusted_points[key] = None
+        found = self._adjustment(tensor, dtype)
+        if found is None:
+            return None
+        thr, gain = found
+        channels = thr.size
+        base = self.raw.get(tensor, tensor)
+        s16 = Scale((thr / QMAX16).astype(np.float32), np.zeros(channels, np.int16), 1, float(thr.max()))
+        rounded = self.emit(f"{tensor}__adj16", "int16", base, s16, base)
+        g = numpy_helper.from_array(gain.astype(np.float32).reshape((1, channels, 1, 1)), f"{tensor}__adj_gain")
+        self.new_inits[g.name] = g
+        self.qdq_after[base].append(helper.make_node("Mul", [rounded, g.name], [f"{tensor}__adj"],
+                                                     name=f"{tensor}__adj_Mul"))
+        point = self.emit(tensor, dtype, f"{tensor}__adj", self.point_scale(tensor, dtype, True), base)
+        self.adjusted_points[key] = point
+        return point
+
+    def _adjustment(self, tensor: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
+        graph, plan = self.graph, self.plan
+        if tensor not in self.per_channel or self.file_decides or plan.emitted.get(tensor, dtype) != dtype \
+                or tensor in plan.scale_of:
+            return None
+        producer = graph.producer.get(tensor)
+        if producer is None:
+            return None
+        writer = head(producer, fusion_heads(graph, plan))
+        src = plan.edges.get((writer.name, 0))
+        if writer.op_type not in CONV_HEADS or src is None or src[1] != "int16" \
+                or plan.placement.get(writer.name) != "BPU":
+            return None
+        readers = graph.consumers.get(tensor, [])
+        if not readers or any(k != 0 or n.name not in self.equalized for n, k in readers):
+            return None
+        w_thr = self._weight_thresholds(writer, src)
+        if w_thr is None:
+            return None
+        # the readers' node as hb's calibrated model has it: int16 also where a Conv is set back to int8 at
+        # quantization (a stride-2 depthwise reader: PP-OCRv4's p2o.Conv.3), and its dequantize_scale with it
+        calibrated = plan.calibrated.get((readers[0][0].name, 0), (tensor, dtype))[1]
+        out = self.point_scale(tensor, calibrated, True)
+        qmax = QMAX16 if calibrated == "int16" else 127
+        in_thr = self.point_scale(src[0], "int16", writer.name in self.equalized).threshold
+        return adjustment(w_thr, in_thr, np.asarray(out.scale, np.float64) * qmax, out.dequantize_scale)
+
+    def _weight_thresholds(self, writer: Node, src: tuple[str, str]) -> np.ndarray | None:
+        """The writer's weight thresholds per output channel as hb calibrates them: |k| of a lowered Mul's
+        constant, the max |w| of a Conv's (equalized) weight."""
+        if len(writer.inputs) < 2 or writer.inputs[1] not in self.graph.initializers:
+            return None
+        if writer.op_type == "HzChannelScale":
+            return np.abs(numpy_helper.to_array(self.graph.initializers[writer.inputs[1]]).astype(np.float64))
+        if writer.name not in self.plan.weights:
+            return None
+        idx, axis = self.target.weight_ops[writer.op_type]
+        w_init = self.graph.initializers[writer.inputs[idx]]
+        s_in = self.point_scale(src[0], src[1], writer.name in self.equalized)
+        qw = weight_rule(writer, w_init, weight_axis(writer.proto, writer.op_type, axis), s_in, self.scales,
+                         self.weights, self.memo)
+        return np.asarray(qw.scales, np.float64) * 127.0
 
     # -- nodes ---------------------------------------------------------------------------
     def nodes(self, base: onnx.ModelProto) -> list[onnx.NodeProto]:
