@@ -128,7 +128,8 @@ def convert_lines(paths: StudyPaths, study_name: str, found: Outcome, simplest: 
                    "convert it, best.yaml is the same result")
         else:
             why = (f"trial {best.number}; best_minimal.yaml is the trimmed alternative (accuracy "
-                   f"{t.minimal.accuracy:.6f}, {t.minimal.latency_ms:.3f} ms, not validated on held-out data)")
+                   f"{t.minimal.accuracy:.6f}, {t.minimal.latency_ms:.3f} ms"
+                   + (", not validated on held-out data)" if found.validations else ")"))
     h = found.held_out
     if h is not None and h.chosen == best.number and not h.chosen_holds:
         why += "; it misses the constraints on the held-out data (see above)"
