@@ -113,8 +113,10 @@ def search(args: argparse.Namespace) -> int:
     if info["zombies"]:
         print(f"marked {len(info['zombies'])} trial(s) left running by a dead process as failed: {info['zombies']}"
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
-    print_summary(study, place.paths, search.tracker.stored_outcome(study))
+    found = search.tracker.stored_outcome(study)
+    print_summary(study, place.paths, found, stale=search.result_files.stale)
     print_simplest(search.minimal.last, place.paths)
+    print_convert(place.paths, place.name, found, search.minimal.last)
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
         return 1
@@ -147,8 +149,10 @@ def worker(args: argparse.Namespace) -> int:
     work(search, study, n_trials, timeout)
     search.result_files.write(study, force=True)
     AtFinish(search.minimal.write).finish(study)      # best_minimal.yaml, as the search's own process writes it
-    print_summary(study, paths, search.tracker.stored_outcome(study))
+    found = search.tracker.stored_outcome(study)
+    print_summary(study, paths, found, stale=search.result_files.stale)
     print_simplest(search.minimal.last, paths)
+    print_convert(paths, search.place.name, found, search.minimal.last)
     if STOP.is_set():
         print("interrupted: the study is consistent; run the same command again to continue", file=sys.stderr)
         return 130
@@ -170,7 +174,7 @@ def _data_check(config: Any, model: Any) -> None:
             print(f"data {f.severity}: {f.message}", file=sys.stderr)
 
 
-def print_summary(study: Any, paths: Any, found: Any = None) -> None:
+def print_summary(study: Any, paths: Any, found: Any = None, stale: str | None = None) -> None:
     """Trial counts, the Pareto front (the best marked), the best's constraints, what nothing
     feasible leaves, and where the results are: :func:`tuner.study.status.study_status` rendered
     (of ``found``, the :class:`~tuner.study.outcome.Outcome` a search kept, else read)."""
@@ -198,6 +202,8 @@ def print_summary(study: Any, paths: Any, found: Any = None) -> None:
                 v = next(iter(vals.values()))
                 print(f"validation: {v.samples} sample(s) the search did not select on ({v.metric}); best (*) "
                       f"chosen by the {st.chosen_by} figure" + (" (objectives.select)" if o.select else ""))
+            for line in st.held_out.lines() if st.held_out is not None else []:
+                print(line)
     elif st.completed:
         print("no trial meets the constraints yet (objectives.min_accuracy / max_latency_ms)")
         found = st.closest
@@ -211,9 +217,14 @@ def print_summary(study: Any, paths: Any, found: Any = None) -> None:
             print("\nnext steps:")
             for step in st.next_steps:
                 print(f"  - {step}")
-    if paths.best.exists():
+    if stale:
+        print(f"\n{stale}")
+    if paths.best.exists() and b is not None:
         print(f"\nbest: {paths.best}   Pareto configs: {paths.pareto}/   trials: {paths.trials_csv}")
-    elif paths.closest.exists():
+    elif paths.best.exists():
+        print(f"\n{paths.best} is stale: no trial meets the constraints the study holds now (they changed since it "
+              "was written); run the search again to move it aside")
+    if b is None and paths.closest.exists():
         print(f"\nclosest (not feasible): {paths.closest}   trials: {paths.trials_csv}")
     if paths.report.exists():
         print(f"report: {paths.report}")
@@ -325,6 +336,18 @@ def export(args: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     print(f"wrote {out} (trial {row.number}: accuracy {row.accuracy:.6f}, modeled latency {row.latency_ms:.3f} ms)")
     return 0
+
+
+def print_convert(paths: Any, name: str, found: Any, simplest: Any) -> None:
+    """The one file to convert and the next command (:func:`tuner.study.status.convert_lines`)."""
+    from tuner.study.status import convert_lines
+    from tuner.toolchain.installed import find_toolchain
+
+    lines = convert_lines(paths, name, found, simplest, find_toolchain() is not None)
+    if lines:
+        print()
+    for line in lines:
+        print(line)
 
 
 def print_simplest(found: Any, paths: Any) -> None:

@@ -407,6 +407,10 @@ def _front_sections(page: _Page, best: Row | None, front: list[Row]) -> None:
         if v is not None:
             page.notes.append(f"validation: the front and the best re-scored on {v.samples} sample(s) the search did "
                               f"not select on ({v.metric}); best.yaml holds trial {best.number}")
+    if snap.held_out is not None and snap.held_out.lines():
+        page.section("Held-out check", "<ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in snap.held_out.lines())
+                     + "</ul>", "The constraints judged on the validation data, which the search did not select on.")
+        page.notes.append(snap.held_out.lines()[0])
     ms = results.margins(best, objectives) if best is not None else []
     if best is not None and ms:
         bind = binding(ms)

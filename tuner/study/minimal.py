@@ -4,6 +4,7 @@ one-line fixes, scored by the search's :class:`~tuner.study.scorer.Scorer` (the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -13,6 +14,7 @@ from tuner.study.outcome import Outcome, Tracker
 from tuner.study.outputs import Exporter
 from tuner.study.scorer import Scorer
 from tuner.study.trim import Simplest, TrimResult, accuracy_floor, criterion, one_line_fixes, trim
+from tuner.study.validation import usable
 
 
 class MinimalFix:
@@ -40,7 +42,10 @@ class MinimalFix:
                                  lambda c: self.scorer.score(c, study), self.scorer.modeled_latency)
         meets, _ = criterion(self.scorer.objectives, top.trial_record)
         floor = accuracy_floor(self.scorer.objectives, top.trial_record)
-        self._last = Simplest(self._trimmed, tuple(one_line_fixes(r, rs, meets, floor)))
+        vals = usable(found.validations, self.scorer.objectives)
+        fixes = tuple(replace(f, validation=vals[f.trial].accuracy if f.trial in vals else None)
+                      for f in one_line_fixes(r, rs, meets, floor))
+        self._last = Simplest(self._trimmed, fixes, vals[top.number].accuracy if top.number in vals else None)
         return self._last
 
     @property

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study import results
 from tuner.study.record import Objectives
-from tuner.study.validation import Validation, choose_best, stored
+from tuner.study.validation import HeldOut, Validation, choose_best, held_out, stored
 from tuner.toolchain.records import RealRecord, real_records
 
 
@@ -33,6 +33,7 @@ class Outcome:
     validations: Mapping[int, Validation] = field(default_factory=dict)
     closest: results.Closest | None = None           # the nearest miss when nothing is feasible
     real: Mapping[int, RealRecord] = field(default_factory=dict)
+    held_out: HeldOut | None = None                  # the constraints judged on the validation data
 
     @property
     def state(self) -> tuple[int | None, tuple[int, ...]]:
@@ -48,7 +49,8 @@ def outcome(rows: list[results.Row] | tuple[results.Row, ...], objectives: Objec
     best, chosen_by = choose_best(list(rows), vals, objectives)
     front = results.pareto(list(rows))
     return Outcome(objectives=objectives, rows=tuple(rows), front=tuple(front), best=best, chosen_by=chosen_by,
-                   validations=vals, closest=results.closest(list(rows), objectives), real=dict(real or {}))
+                   validations=vals, closest=results.closest(list(rows), objectives), real=dict(real or {}),
+                   held_out=held_out(list(rows), vals, objectives, best, chosen_by))
 
 
 def read_outcome(study: optuna.Study, objectives: Objectives | None = None,

@@ -60,7 +60,7 @@ def snapshot(study: optuna.Study, paths: StudyPaths, storage: str, sensitivity: 
                           sensitivity=dict(sensitivity or {}), traces=traces(rs, chosen) if traces is not None and rs else [],
                           best_yaml=paths.best.read_text(encoding="utf-8") if paths.best.is_file() else None,
                           notes=list(notes), validations=dict(found.validations),
-                          best_number=None if chosen is None else chosen.number)
+                          best_number=None if chosen is None else chosen.number, held_out=found.held_out)
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,35 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
               f"trial {row.number}",
               f"# simulated accuracy {rec.accuracy:.6f}, modeled latency {rec.latency_ms:.3f} ms, "
               f"{rec.counts.subgraphs} BPU subgraph(s), {rec.counts.cpu_nodes} CPU node(s), "
-              f"{rec.counts.int16_nodes} int16 node(s); calibration {rec.calibration.method}"]
+              f"{rec.counts.int16_nodes} int16 node(s)",
+              f"# {calibration_text(rec)}"]
     header += [f"# {c}" for c in comments]
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
     write_if_changed(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
     return notes
+
+
+#: Why ``default`` resolves as it does (tuner.simulate.calibrate, hb_mapper's model-wise search).
+DEFAULT_RULE = ("hb_mapper's default tries max, max-percentile 0.99995 and kl, then their per-channel and "
+                "asymmetric variants unless one already reaches output cosine 0.995, and keeps the best output "
+                "cosine on calibration sample 0")
+MIX_RULE = ("hb_mapper's mix takes the best of max, max-percentile 0.99995 and kl by output cosine on calibration "
+            "sample 0, and gives each sensitive node (alone-quantized cosine below 0.999) its own best of the three")
+
+
+def calibration_text(rec: TrialRecord) -> str:
+    """The calibration as the exported YAML writes it (``calibration_parameters``), and for
+    ``default`` / ``mix`` what the simulation resolved it to and why; never another method than
+    the YAML's ``calibration_type``."""
+    cp = dict(rec.candidate_fields.get("calibration_parameters") or {})
+    written = ", ".join(f"{k}: {cp[k]}" for k in ("calibration_type", "max_percentile", "per_channel", "optimization")
+                        if k in cp) or "calibration_type: (hb_mapper's default)"
+    kind = str(cp.get("calibration_type", "default"))
+    if kind in ("default", "mix"):
+        rule = DEFAULT_RULE if kind == "default" else MIX_RULE
+        return f"calibration {written} (resolved by the simulation to {rec.calibration.method}: {rule})"
+    return f"calibration {written} (hb_mapper logs it as {rec.calibration.method})"
 
 
 def write_if_changed(out: Path, text: str, protect: tuple[Path, ...] = ()) -> bool:
@@ -201,11 +224,15 @@ class ResultFiles:
     (an :class:`Exporter`)."""
 
     def __init__(self, paths: StudyPaths, tracker: Tracker, export: Callable[..., Any],
-                 validate: Callable[[optuna.Study, list[results.Row]], dict[int, Validation]] | None = None) -> None:
+                 validate: Callable[[optuna.Study, list[results.Row]], dict[int, Validation]] | None = None,
+                 also_validate: Callable[[list[results.Row]], list[results.Row]] | None = None) -> None:
         """``validate``: re-scores rows on the validation data (:class:`tuner.study.validation.Validator`);
         at the end (``finish``) the front and the best are validated (kept as the tracker's
-        validations) and best.yaml is chosen by :func:`tuner.study.outcome.outcome`."""
+        validations) and best.yaml is chosen by :func:`tuner.study.outcome.outcome`;
+        ``also_validate``: more rows validated with them (the one-line fixes,
+        :func:`tuner.study.trim.fix_rows`), which then compete on the held-out figure."""
         self.paths, self.tracker, self.export, self.validate = paths, tracker, export, validate
+        self.also_validate = also_validate
         self.objectives = tracker.objectives
         self._outcome: Outcome | None = None
         self._last_written: tuple[int | None, tuple[int, ...]] | None = None   # (best, front) as last written
@@ -213,6 +240,7 @@ class ResultFiles:
         self._last_best: results.Row | None = None
         self._csv_at = time.monotonic()   # when trials.csv was last written
         self._csv_pending = 0             # trials finished here since then
+        self.stale: str | None = None     # what retire_stale moved aside, for the summary
 
     def _csv_due(self) -> bool:
         """trials.csv lags the study by at most CSV_EVERY_TRIALS trials or CSV_EVERY_S seconds, even
@@ -269,8 +297,10 @@ class ResultFiles:
             front = results.pareto(rows)
             by_eval = results.best(rows, self.objectives.mode, self.objectives.floor)
             if front:
+                # the one-line fixes compete on the same held-out figure as the front
+                more = self.also_validate(rows) if self.also_validate is not None else []
                 self.tracker.validations = self.validate(
-                    study, list({r.number: r for r in front + ([by_eval] if by_eval else [])}.values()))
+                    study, list({r.number: r for r in front + ([by_eval] if by_eval else []) + more}.values()))
         found = self.tracker.outcome(study)
         self._outcome = found
         front, best = list(found.front), found.best
@@ -279,6 +309,8 @@ class ResultFiles:
             comments = (f"validation ({v.samples} sample(s) the search did not select on): {v.metric} "
                         f"{v.accuracy:.6f}, worst sample {v.worst_sample:.6f}; chosen by the "
                         f"{found.chosen_by} figure",)
+            warning = found.held_out.header() if found.held_out is not None else ""
+            comments += (warning,) if warning else ()
         self._last_front = [(r.accuracy, r.latency_ms) for r in front]
         self._last_best = best
         state = (best.number if best else None, tuple(r.number for r in front))
@@ -292,6 +324,7 @@ class ResultFiles:
             self.paths.closest.unlink(missing_ok=True)     # a feasible answer replaces the closest one
         else:
             self._write_closest(found)
+            self.stale = retire_stale(self.paths) or self.stale
         self.paths.pareto.mkdir(parents=True, exist_ok=True)
         keep: set[str] = set()
         for r in front:
@@ -313,6 +346,27 @@ class ResultFiles:
         self.export(found.row, self.paths.closest,
                     comments=(f"NOT FEASIBLE: the trial nearest the constraints ({found.text()})",
                               "no trial of the study meets them yet; see 'tuner status' for next steps"))
+
+
+def stale_path(paths: StudyPaths, name: str) -> Path:
+    """Where a result file no longer true of the study is moved (``best.yaml`` -> ``best.stale.yaml``)."""
+    p = paths.root / name
+    return p.with_name(p.stem + ".stale" + p.suffix)
+
+
+def retire_stale(paths: StudyPaths) -> str | None:
+    """With no trial meeting the constraints (a floor raised on resume, say), best.yaml and
+    best_minimal.yaml describe an answer the study no longer has: move them aside as
+    ``*.stale.yaml`` so that nothing lists them as the best; returns what was moved, or None."""
+    moved = []
+    for p in (paths.best, paths.best_minimal):
+        if p.is_file():
+            p.replace(stale_path(paths, p.name))
+            moved.append(p.name)
+    if not moved:
+        return None
+    return (f"{' and '.join(moved)} moved to {', '.join(stale_path(paths, n).name for n in moved)}: no trial meets "
+            "the constraints now (they changed since the file was written), so it is not the study's best")
 
 
 #: ``finish`` waits this long for a mid-run draw still running, then draws the final report anyway.

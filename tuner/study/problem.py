@@ -28,6 +28,7 @@ from tuner.inputs.model import LoadedModel, file_fingerprint
 from tuner.study.opening import check_outputs, name_metrics, resume_seed, with_references
 from tuner.study.orphans import tag_trials
 from tuner.study.record import STUDY_ATTR, Direction, Objectives, StudyInfo
+from tuner.study.sections import check_metric_outputs
 from tuner.study.space import ResolvedSpace, SearchSpace, load_space, resolve
 from tuner.study.storage import (
     FINGERPRINTS,
@@ -38,6 +39,7 @@ from tuner.study.storage import (
     open_existing,
     redact,
 )
+from tuner.study.validation import same_as_eval_warning
 from tuner.study.warmstart import Plan, node_sensitivity, warm_start_plans
 from tuner.workspace import Workspace, progress_printer
 
@@ -109,6 +111,7 @@ def load_problem(space: SearchSpace | str | Path, paths: StudyPaths, storage: st
         check_board(space.board)
     ws = Workspace.for_space(space, threads=threads, check=check,
                              progress=None if quiet else progress_printer("calibration statistics"))
+    check_metric_outputs(space.objective, ws.model.output_names)    # before the references and the sensitivity
     base = ws.base_candidate()
     fit = load_fit(ws.model.fingerprint, ws.target.march)
     board = require_board_fit(space.board, ws.target.raw) if space.board else None
@@ -130,6 +133,9 @@ def load_problem(space: SearchSpace | str | Path, paths: StudyPaths, storage: st
             f"eval_data has {n_eval} sample(s), fewer than study.min_eval_samples ({least}): the search selects "
             "on these samples, so its front is tuned to them; add samples, or set validation_data so that the "
             "winners are re-scored on others")
+    same = same_as_eval_warning(space, ws)
+    if same is not None:
+        ws.warnings.append(same)
     fingerprints = {"model": ws.model.fingerprint, "data": ws.calibration_data.fingerprint(),
                     "eval_data": ws.eval_data.fingerprint(), "base_config": file_fingerprint(space.base),
                     "space": resolved.fingerprint()}

@@ -171,7 +171,8 @@ def next_steps(found: Closest, study_name: str) -> list[str]:
                    "feasible (resume the same study with the new floor: nothing is re-run)")
     if found.gaps.get("max_latency_ms", 0) > 0:
         out.append(f"a ceiling within reach: objectives.max_latency_ms >= {r.latency_ms:.3f}")
-    out += ["more freedom: a larger nodes.top_k, or more int16 choices (nodes.int16), then resume",
+    out += ["more freedom: a larger nodes.top_k, or more int16 choices (nodes.precision: [int8, int16_input, "
+            "int16_output, int16]), then resume",
             f"take the closest anyway: tuner export {study_name} --trial {r.number}"]
     return out
 
@@ -298,6 +299,7 @@ class Fix:
     record: TrialRecord
     feasible: bool          # meets the criterion best_minimal.yaml had to meet
     below: float | None = None   # how far its accuracy is below that criterion's floor (None: met, or no floor)
+    validation: float | None = None   # its accuracy on the validation data (None: not validated)
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,7 @@ class Simplest:
 
     trim: TrimResult
     fixes: tuple[Fix, ...]
+    validation: float | None = None    # best.yaml's trial's accuracy on the validation data (None: not validated)
 
     def feasible_fixes(self) -> list[Fix]:
         return [f for f in self.fixes if f.feasible]
@@ -330,3 +333,5 @@ class ReportSnapshot:
     simplest: Simplest | None = None           # best.yaml trimmed, the one-line fixes (tuner.study.trim)
     validations: dict[int, Any] = field(default_factory=dict)   # trial -> tuner.study.validation.Validation
     best_number: int | None = None             # best.yaml's trial (chosen by validation when there is one)
+    held_out: Any = None                       # tuner.study.validation.HeldOut: the constraints on validation
+    convert: list[str] = field(default_factory=list)   # the file to convert and the next command

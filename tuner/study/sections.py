@@ -209,6 +209,18 @@ def _constraints(items: Any, where: str) -> tuple[Constraint, ...]:
     return tuple(out)
 
 
+def check_metric_outputs(objectives: Objectives, outputs: list[str], where: str = "objectives") -> None:
+    """Refuse, before any trial, an accuracy metric or a constraint on an output the model does not
+    have (``cosine:<output>``, ``sqnr:<output>``; task metrics are checked when their evaluator is
+    built): every trial would miss such a constraint and the whole search would run for nothing."""
+    named = [("accuracy", objectives.accuracy)] + [(f"constraints {c.name!r}", c.metric)
+                                                     for c in objectives.constraints_]
+    for key, metric in named:
+        kind, _, name = metric.partition(":")
+        if ACCURACY.match(metric) and name and name not in outputs:
+            raise TunerError(f"{where}.{key}: the model has no output {name!r}; it has {', '.join(outputs)}")
+
+
 def task_metric_texts(objectives: Objectives) -> list[str]:
     """The task metrics the evaluations must compute: the objective's (if a task metric) and report's."""
     texts = list(objectives.report)

@@ -29,6 +29,7 @@ from tuner.study.scorer import Scorer
 from tuner.study.source import Page, ReportSource, warn
 from tuner.study.space import SearchSpace, load_space
 from tuner.study.storage import StudyPaths
+from tuner.study.trim import fix_rows
 from tuner.study.validation import Validator, validation_data
 from tuner.study.warmstart import best_baseline_calibration
 from tuner.workspace import progress_printer
@@ -119,7 +120,8 @@ class StudySession:
         if self._results is None:
             v = self.validator
             self._results = ResultFiles(self.place.paths, self.tracker, self.exporter,
-                                        None if v is None else partial(v.validate, progress=progress_printer("validation of the front")))
+                                        None if v is None else partial(v.validate, progress=progress_printer("validation of the front")),
+                                        partial(fix_rows, self.problem.resolved))
         return self._results
 
     @property
@@ -130,7 +132,8 @@ class StudySession:
             found = validation_data(p.space, p.ws)
             if found is None:
                 return None
-            self._validator = Validator(p.ws, found[0], found[1], p.objectives.accuracy, self.scorer)
+            self._validator = Validator(p.ws, found[0], found[1], p.objectives.accuracy, self.scorer,
+                                        p.objectives.metric_names_needed)
         return self._validator
 
     @property

@@ -18,9 +18,10 @@ from optuna.trial import TrialState
 from tuner.files import jsonable
 from tuner.study import results
 from tuner.study.outcome import Outcome, read_outcome
-from tuner.study.record import StudyInfo, binding
+from tuner.study.record import StudyInfo, TrialRecord, binding
 from tuner.study.storage import StudyPaths, study_info
-from tuner.study.validation import Validation
+from tuner.study.trim import Simplest
+from tuner.study.validation import HeldOut, Validation
 
 
 def row_json(r: results.Row) -> dict[str, Any]:
@@ -48,6 +49,7 @@ class StudyStatus:
     validations: dict[int, Validation] = field(default_factory=dict)   # trial -> its re-scoring
     chosen_by: str = "eval"                                            # the figure best was chosen by
     front_of_all: list[results.Row] = field(default_factory=list)      # with nothing feasible: all trials' front
+    held_out: HeldOut | None = None                                    # the constraints judged on the validation data
 
     def _row(self, r: results.Row) -> dict[str, Any]:
         v = self.validations.get(r.number)
@@ -69,6 +71,7 @@ class StudyStatus:
                            "references": dict(o.references)},
             "trials": {"completed": self.completed, "failed": self.failed, "running": self.running},
             "best": self._row(self.best) if self.best is not None else None, "chosen_by": self.chosen_by,
+            "held_out": None if self.held_out is None else self.held_out.to_json(),
             "front": [self._row(r) for r in self.front],
             "closest": None if self.closest is None else {**self._row(self.closest.row), "gaps": self.closest.gaps},
             "next_steps": self.next_steps, "files": self.files,
@@ -93,4 +96,45 @@ def study_status(study: optuna.Study, paths: StudyPaths, found: Outcome | None =
         best=found.best, chosen_by=found.chosen_by, validations=dict(found.validations), front=list(found.front),
         closest=near, next_steps=results.next_steps(near, study.study_name) if near is not None else [], files=files,
         front_of_all=results.front_of_all(rs) if near is not None else [],
-        verified={n: rec.summary() for n, rec in found.real.items()})
+        verified={n: rec.summary() for n, rec in found.real.items()}, held_out=found.held_out)
+
+
+def same_outcome(a: TrialRecord, b: TrialRecord) -> bool:
+    """Whether two records are the same result for a user: the same candidate, or the same
+    accuracy and modeled latency (to the figures the tables print) and task metrics."""
+    if a.key == b.key:
+        return True
+    return (abs(a.accuracy - b.accuracy) < 5e-7 and abs(a.latency_ms - b.latency_ms) < 5e-4
+            and dict(a.task) == dict(b.task))
+
+
+def convert_lines(paths: StudyPaths, study_name: str, found: Outcome, simplest: Simplest | None,
+                  toolchain: bool) -> list[str]:
+    """The end of a search: the one file to convert and the next command (``toolchain``: the real
+    toolchain is installed, so ``tuner verify --local`` can check the file first)."""
+    best = found.best
+    if best is None or not paths.best.is_file():
+        if paths.closest.is_file():
+            return [f"nothing to convert yet: no trial meets the constraints ({paths.closest} is the closest, and "
+                    "misses them; see the next steps above)"]
+        return []
+    target, why = paths.best, f"trial {best.number}"
+    if simplest is not None and simplest.trim.trial == best.number and paths.best_minimal.is_file():
+        t = simplest.trim
+        if same_outcome(t.start, t.minimal):
+            target = paths.best_minimal
+            why = (f"best_minimal.yaml has the same outcome as best.yaml (accuracy {t.minimal.accuracy:.6f}, "
+                   f"{t.minimal.latency_ms:.3f} ms) with {len(t.removed)} fewer change(s) to the base YAML: "
+                   "convert it, best.yaml is the same result")
+        else:
+            why = (f"trial {best.number}; best_minimal.yaml is the trimmed alternative (accuracy "
+                   f"{t.minimal.accuracy:.6f}, {t.minimal.latency_ms:.3f} ms"
+                   + (", not validated on held-out data)" if found.validations else ")"))
+    h = found.held_out
+    if h is not None and h.chosen == best.number and not h.chosen_holds:
+        why += "; it misses the constraints on the held-out data (see above)"
+    out = [f"file to convert: {target} ({why})", "next:"]
+    if toolchain:
+        out.append(f"  tuner verify {study_name} --local      (the real toolchain on the front, best first)")
+    out.append(f"  hb_mapper makertbin --config {target} --model-type onnx")
+    return out

@@ -30,7 +30,7 @@ from tuner.study.results import Change, Fix, Kept, Row, Simplest, TrimResult
 from tuner.study.space import ResolvedSpace, setting_choice
 
 __all__ = ["TOLERANCE", "Change", "Fix", "Kept", "Simplest", "TrimResult", "accuracy_floor", "base_params", "changes",
-           "criterion", "one_line_fixes", "summary_lines", "trim"]
+           "criterion", "fix_rows", "one_line_fixes", "summary_lines", "trim"]
 
 #: Without a floor (or ceiling) in the space, a trimmed candidate must keep the winner's
 #: accuracy within this much (absolute, in the accuracy metric's units).
@@ -174,6 +174,13 @@ def one_line_fixes(r: ResolvedSpace, rows: Sequence[Row], meets: Callable[[Trial
     return sorted(out, key=lambda f: (not f.feasible, -f.record.accuracy, f.record.latency_ms, f.trial))
 
 
+def fix_rows(r: ResolvedSpace, rows: Sequence[Row]) -> list[Row]:
+    """The completed trials that are one-line fixes (each candidate once): validated with the
+    front, so that they compete on the same held-out figure."""
+    by = {row.number: row for row in rows}
+    return [by[f.trial] for f in one_line_fixes(r, rows, lambda rec: True)]
+
+
 # --------------------------------------------------------------------------- text
 def _task(rec: TrialRecord) -> str:
     return "".join(f", {k} {v:.4f}" for k, v in rec.task.items())
@@ -206,6 +213,12 @@ def summary_lines(s: Simplest, minimal_path: str | None = None) -> list[str]:
         lines.append(f"{head}: none meets {t.criterion}; the closest:")
     for f in (good or list(s.fixes))[:3]:
         below = f" ({f.below:.2g} below)" if f.below is not None else ""
-        lines.append(f"  {f.change} -> acc {f.record.accuracy:.6f}{below}, latency {f.record.latency_ms:.3f} ms"
+        held = f", held-out {f.validation:.6f}" if f.validation is not None else ""
+        lines.append(f"  {f.change} -> acc {f.record.accuracy:.6f}{below}{held}, latency {f.record.latency_ms:.3f} ms"
                      f"{_task(f.record)} (trial {f.trial})")
+    top = max((f for f in s.fixes if f.validation is not None), key=lambda f: f.validation or 0.0, default=None)
+    if s.validation is not None and top is not None and top.validation is not None:
+        lines.append(f"on held-out data: best.yaml (trial {t.trial}) {s.validation:.6f} vs the best one-line fix "
+                     f"(trial {top.trial}, {top.change}) {top.validation:.6f}: the search's gain "
+                     f"{s.validation - top.validation:+.6f}")
     return lines
