@@ -46,6 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        # a full disk (or quota) where no tuner code could name it: a library's own write, or an
+        # error a library raised while one unwound
+        from tuner.files import disk_full_cause
+
+        full = disk_full_cause(exc)
+        if full is None:
+            raise
+        print(f"tuner: error: {full}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)
         return 130
