@@ -125,7 +125,7 @@ def disk_full_error(exc: OSError, path: Path, what: str = "") -> DiskFull:
 MIN_FREE_BYTES = 16 * 1024 * 1024
 
 
-def check_writable(folder: Path, what: str) -> None:
+def check_writable(folder: Path, what: str, fix: str = "make it writable or choose another folder") -> None:
     """Raise one TunerError unless tuner can create files in ``folder`` (created later if missing):
     checked up front, before minutes of statistics or sensitivity, by writing and removing a
     probe file in it (or in its nearest existing parent), which also catches read-only mounts."""
@@ -146,13 +146,13 @@ def check_writable(folder: Path, what: str) -> None:
             os.unlink(tmp)
     except OSError as exc:
         raise TunerError(f"{folder}: cannot write {what} there ({exc.strerror or type(exc).__name__} in "
-                         f"{probe_dir}); make it writable or choose another folder") from None
+                         f"{probe_dir}); {fix}") from None
     import shutil
 
     free = shutil.disk_usage(probe_dir).free
     if free < MIN_FREE_BYTES:
         raise TunerError(f"{folder}: cannot write {what} there: its file system is full ({free // 1024} KB free); "
-                         "free some space or choose another folder")
+                         f"free some space, or {fix.removeprefix('make it writable or ')}")
 
 
 def jsonable(v: Any) -> Any:

@@ -112,3 +112,37 @@ def test_a_journal_append_on_a_full_disk_leaves_the_journal_as_it_was(small_disk
     (small_disk / "filler").unlink()
     again = optuna.load_study(study_name="s", storage=make_storage(None, paths))
     assert len(again.get_trials(states=(TrialState.COMPLETE,))) == 3
+
+
+@pytest.fixture
+def read_only_study(small_disk):
+    """A finished study whose folder's file system is then remounted read-only (as root, a chmod'ed
+    folder does not stop writes)."""
+    space = write_tiny_space(small_disk)
+    results = small_disk / "results"
+    done = tuner("search", space, "--results-dir", results, "--n-trials", 4)
+    assert done.returncode == 0, done.stderr
+    remount = subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], capture_output=True, text=True)
+    if remount.returncode != 0:
+        pytest.skip(f"cannot remount the tmpfs read-only: {remount.stderr.strip()}")
+    return results
+
+
+def test_export_to_its_default_path_in_a_read_only_study_folder_is_one_line(read_only_study):
+    r = tuner("export", "tiny", "--results-dir", read_only_study)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"tuner: error: {read_only_study / 'tiny'}: cannot write trial_")
+    assert "Read-only file system" in line and "--out" in line
+    elsewhere = read_only_study.parent.parent / "t.yaml"
+    ok = tuner("export", "tiny", "--results-dir", read_only_study, "--out", elsewhere)
+    assert ok.returncode == 0 and elsewhere.is_file(), ok.stderr
+
+
+def test_report_in_a_read_only_study_folder_is_one_line(read_only_study):
+    r = tuner("report", "tiny", "--results-dir", read_only_study)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"tuner: error: {read_only_study / 'tiny'}: cannot write report.html")
+    assert "Read-only file system" in line and "copy the study folder" in line
+    assert tuner("status", "tiny", "--results-dir", read_only_study).returncode == 0     # reading still works

@@ -148,7 +148,7 @@ def journal_storage(path: Path, notice: Callable[[str], None] = say) -> JournalS
     """
     path = path.resolve()
     lock = JournalFileSymlinkLock(str(path), grace_period=10)
-    if path.is_file():
+    if path.is_file() and not _intact(path.read_bytes()):      # the lock only to repair: a read-only folder reads
         try:
             with get_lock_file(lock):
                 text = repair_journal(path)
