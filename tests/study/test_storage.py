@@ -1,5 +1,7 @@
 """Storages, redaction and opening studies that do not exist."""
 
+from pathlib import Path
+
 import optuna
 import pytest
 
@@ -84,3 +86,21 @@ def test_a_journal_without_a_torn_record_is_left_alone(tmp_path, capsys):
     open_existing(str(paths.root), None)
     assert capsys.readouterr().err == "" and paths.journal.read_bytes() == whole
     assert paths.journal.stat().st_mtime_ns == before
+
+
+def test_a_typod_study_name_lists_the_studies_there_closest_first(tmp_path):
+    for name in ("zebra", "tiny_det", "tiny"):
+        optuna.create_study(study_name=name, storage=make_storage(None, StudyPaths(tmp_path / name)))
+    with pytest.raises(TunerError, match=rf"no study 'tinny': .*; the studies in {tmp_path}: tiny, tiny_det, zebra"):
+        open_existing("tinny", None, tmp_path)
+    with pytest.raises(TunerError, match="holds no study"):
+        open_existing("tinny", None, tmp_path / "zebra" / "nothing")
+
+
+def test_the_password_is_redacted_only_inside_the_url():
+    """With password 'p', the driver's "Can't load plugin" must print intact (issue 25 item 8)."""
+    url = "nosuch://u:p@h/db"
+    with pytest.raises(TunerError) as err:
+        make_storage(url, StudyPaths(Path("unused")))
+    text = str(err.value)
+    assert "Can't load plugin" in text and "u:***@h/db" in text and ":p@" not in text

@@ -265,14 +265,16 @@ def redact(url: str) -> str:
 
 
 def _redact_text(text: str, url: str) -> str:
-    """``text`` (a driver's error message) with the URL's password replaced."""
+    """``text`` (a driver's error message) with the URL's password replaced where the URL, or its
+    ``user:password@`` part, appears: only there (with password ``p``, "Can't load plugin" stays)."""
+    text = text.replace(url, redact(url))
     if "://" in url and "@" in url:
         creds = url.split("://", 1)[1].rsplit("@", 1)[0]
         if ":" in creds:
-            password = creds.split(":", 1)[1]
+            user, password = creds.split(":", 1)
             if password:
-                text = text.replace(password, "***")
-    return text.replace(url, redact(url))
+                text = text.replace(f"{user}:{password}@", f"{user}:***@")
+    return text
 
 
 def study_info(study: optuna.Study) -> StudyInfo:
@@ -293,9 +295,27 @@ def open_existing(name_or_dir: str, storage: str | None, results_dir: str | Path
         paths = StudyPaths(Path(results_dir) / name_or_dir)
         name = name_or_dir
         if storage is None and not paths.journal.exists():
-            raise TunerError(f"no study {name_or_dir!r}: {paths.journal} does not exist (pass --storage URL for a "
-                             "study in a database)")
+            found = closest_first(name_or_dir, [d.name for d in _subfolders(Path(results_dir))
+                                                if (d / "study.journal").is_file()])
+            there = (f"the studies in {results_dir}: {', '.join(found)}" if found else
+                     f"{results_dir} holds no study (pass --results-dir for another folder")
+            raise TunerError(f"no study {name_or_dir!r}: {paths.journal} does not exist; {there}"
+                             + (" (pass" if found else ",") + " --storage URL for a study in a database)")
     return load_study(name, storage, paths), paths
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return [d for d in folder.iterdir() if d.is_dir()]
+    except OSError:
+        return []
+
+
+def closest_first(name: str, names: list[str]) -> list[str]:
+    """``names``, the ones most like ``name`` first (a typo'd study name finds its study)."""
+    from difflib import SequenceMatcher
+
+    return sorted(names, key=lambda n: (-SequenceMatcher(None, name.lower(), n.lower()).ratio(), n))
 
 
 def load_study(name: str, storage: str | None, paths: StudyPaths, hint: str = "",
@@ -307,7 +327,7 @@ def load_study(name: str, storage: str | None, paths: StudyPaths, hint: str = ""
     try:
         return optuna.load_study(study_name=name, storage=stor)
     except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(stor)]
+        names = closest_first(name, [s.study_name for s in optuna.get_all_study_summaries(stor)])
         raise TunerError(f"no study named {name!r} in {redact(storage) if storage else paths.journal}; "
                          f"it has {', '.join(names) or 'none'}{hint}") from None
 
