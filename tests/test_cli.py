@@ -232,3 +232,19 @@ def test_a_negative_timeout_is_one_clear_line(tmp_path, how):
         assert f"argument --timeout: must be positive (seconds, or a duration like 30m / 8h), got '{how[-1].split('=')[-1]}'" \
             in r.stderr, r.stderr
         assert "expected one argument" not in r.stderr
+
+
+def test_eval_on_unnormalized_pixel_data_points_at_check_data(tiny_project):
+    """0..255 integers reaching a featuremap input unnormalized: one hint line naming check-data (issue 25 item 8)."""
+    plain = tuner("eval", tiny_project, "--no-nodes")
+    assert plain.returncode == 0 and "check-data" not in plain.stderr
+    rng = np.random.default_rng(0)
+    for f in sorted((tiny_project.parent / "cal").glob("*.bin")):
+        np.round(rng.random((1, 4, 16, 16)) * 255).astype(np.float32).tofile(f)
+    r = tuner("eval", tiny_project, "--no-nodes")
+    assert r.returncode == 0, r.stderr
+    hints = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
+    assert len(hints) == 1 and "input 'x' holds integers 0..255" in hints[0]
+    assert f"tuner check-data {tiny_project}" in hints[0]
+    as_json = tuner("eval", tiny_project, "--no-nodes", "--json")
+    assert json.loads(as_json.stdout) and "tuner check-data" in as_json.stderr
