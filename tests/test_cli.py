@@ -67,8 +67,15 @@ def test_missing_config(tmp_path):
 
 
 def test_missing_data_folder_names_where_it_came_from(tiny_project, tmp_path):
-    line = bad(tiny_project, "calibration folder not found", "--data", tmp_path / "gone")
-    assert "gone" in line and "--data" in line and "cal_data_dir" in line
+    """The --data folder is evaluation data: not called a calibration folder (issue 25 item 8)."""
+    line = bad(tiny_project, "evaluation data folder not found", "--data", tmp_path / "gone")
+    assert "gone" in line and "--data" in line and "calibration" not in line
+    (tmp_path / "empty").mkdir()
+    line = bad(tiny_project, "empty evaluation data folder", "--data", tmp_path / "empty")
+    assert "calibration" not in line
+    (tiny_project.parent / "cal").rename(tiny_project.parent / "moved")
+    line = bad(tiny_project, "calibration folder not found", "--data", tmp_path / "empty")
+    assert "cal_data_dir" in line
 
 
 def test_unknown_key(tiny_project):
@@ -214,3 +221,30 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     r = run("search", space, "--n-trials", 10, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert len(re.findall(r"^trials: ", r.stderr, re.M)) <= 2
+
+
+@pytest.mark.parametrize("how", [("--timeout", "-5m"), ("--timeout=-5m",), ("--timeout", "-.5h"), ("--timeout", "-5")])
+def test_a_negative_timeout_is_one_clear_line(tmp_path, how):
+    """argparse takes '-5m' for an option ("expected one argument"); tuner names the value (issue 25 item 8)."""
+    for command in (("search", tmp_path / "space.yaml"), ("worker", "s")):
+        r = tuner(*command, *how)
+        assert r.returncode == 2
+        assert f"argument --timeout: must be positive (seconds, or a duration like 30m / 8h), got '{how[-1].split('=')[-1]}'" \
+            in r.stderr, r.stderr
+        assert "expected one argument" not in r.stderr
+
+
+def test_eval_on_unnormalized_pixel_data_points_at_check_data(tiny_project):
+    """0..255 integers reaching a featuremap input unnormalized: one hint line naming check-data (issue 25 item 8)."""
+    plain = tuner("eval", tiny_project, "--no-nodes")
+    assert plain.returncode == 0 and "check-data" not in plain.stderr
+    rng = np.random.default_rng(0)
+    for f in sorted((tiny_project.parent / "cal").glob("*.bin")):
+        np.round(rng.random((1, 4, 16, 16)) * 255).astype(np.float32).tofile(f)
+    r = tuner("eval", tiny_project, "--no-nodes")
+    assert r.returncode == 0, r.stderr
+    hints = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
+    assert len(hints) == 1 and "input 'x' holds integers 0..255" in hints[0]
+    assert f"tuner check-data {tiny_project}" in hints[0]
+    as_json = tuner("eval", tiny_project, "--no-nodes", "--json")
+    assert json.loads(as_json.stdout) and "tuner check-data" in as_json.stderr

@@ -102,3 +102,34 @@ def test_an_interrupted_ranking_of_a_yaml_continues_from_the_cache(tiny_project,
     gains = {r.node: r.gains for r in result.runs[0].rows}
     assert {k: gains[k] for k in partial["gains"]} == partial["gains"]
     assert "partial" not in json.loads(cached.read_text())
+
+
+def test_a_rerun_on_the_same_yaml_is_answered_from_the_cache(tiny_project, tmp_path, monkeypatch):
+    """Both halves (the per-fix gains and the alone-quantized table) are cached, keyed by the model,
+    data, YAML and tuner's version; a changed YAML is ranked again (issue 25 item 8)."""
+    import tuner.rank
+    import tuner.sensitivity
+
+    calls = {"alone": 0, "gains": 0}
+    table, gains = tuner.rank.sensitivity_table, tuner.sensitivity.leave_one_fixed
+
+    def counted_table(*a, **k):
+        calls["alone"] += 1
+        return table(*a, **k)
+
+    def counted_gains(*a, **k):
+        calls["gains"] += 1
+        return gains(*a, **k)
+
+    monkeypatch.setattr(tuner.rank, "sensitivity_table", counted_table)
+    monkeypatch.setattr(tuner.rank, "leave_one_fixed", counted_gains)
+    env = {"TUNER_CACHE_DIR": str(tmp_path / "cache")}
+    first = run("sensitivity", tiny_project, env=env)
+    assert first.returncode == 0, first.stderr
+    assert calls == {"alone": 1, "gains": 1} and "from the cache" not in first.stderr
+    again = run("sensitivity", tiny_project, env=env)
+    assert again.returncode == 0 and again.stdout == first.stdout
+    assert calls == {"alone": 1, "gains": 1} and "node sensitivity: from the cache" in again.stderr
+    tiny_project.write_text(tiny_project.read_text().replace("per_channel: False", "per_channel: True"))
+    changed = run("sensitivity", tiny_project, env=env)
+    assert changed.returncode == 0 and calls == {"alone": 2, "gains": 2} and "from the cache" not in changed.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from tuner import __version__, commands
@@ -22,9 +23,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Options whose value may be written negative by mistake (``--timeout -5m``): argparse would take
+#: ``-5m`` for an option and say only "expected one argument"; it is passed as ``--timeout=-5m``,
+#: so the option's own check names the value and the rule.
+SIGNED_VALUE_OPTIONS = ("--timeout",)
+
+
+def _negative_values_attached(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if (argv[i] in SIGNED_VALUE_OPTIONS and i + 1 < len(argv)
+                and re.match(r"-[\d.]", argv[i + 1])):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        if argv[i] == "--":
+            return out + argv[i:]
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_negative_values_attached(sys.argv[1:] if argv is None else list(argv)))
     try:
         import optuna
 
@@ -45,6 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         return 141   # 128 + SIGPIPE, what a C tool killed by the pipe would return
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # a full disk (or quota) where no tuner code could name it: a library's own write, or an
+        # error a library raised while one unwound
+        from tuner.files import disk_full_cause
+
+        full = disk_full_cause(exc)
+        if full is None:
+            raise
+        print(f"tuner: error: {full}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)

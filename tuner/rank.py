@@ -9,14 +9,25 @@ shared with the search's top-K, warm start and report.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tuner import __version__
 from tuner.candidate import Calibration, Candidate
-from tuner.files import cache_dir, check_writable
+from tuner.files import cache_dir, check_writable, write_atomic
 from tuner.inputs.config import read_yaml
-from tuner.sensitivity import FIXES, Gains, Ranking, Sensitivity, cached_sensitivity, leave_one_fixed, sensitivity_table
+from tuner.sensitivity import (
+    FIXES,
+    Gains,
+    Ranking,
+    Sensitivity,
+    SensitivityRow,
+    cached_sensitivity,
+    leave_one_fixed,
+    sensitivity_table,
+)
 from tuner.study.space import free_nodes, load_space
 from tuner.study.storage import StudyPaths
 from tuner.study.warmstart import node_gains, reference_calibration
@@ -68,20 +79,49 @@ def rank(path: str | Path, calibrations: list[str] | None = None, metric: str | 
     for label, cal in ([(t.strip(), c) for t, c in zip(specs, cals)] or [("", base.calibration)]):
         cand = base.with_calibration(cal)
         use = gains if cal == base.calibration else None
-        if use is None:     # kept in the cache folder as it goes: a stopped run continues there
-            use = _cached_gains(ws, cand, nodes, metric, progress(f"leave-one-fixed {label}".rstrip()))
-        rows = sensitivity_table(ws.simulator, cand, nodes, metric, progress(f"node sensitivity {label}".rstrip()),
-                                 gains=use)
+        rows_path, rows_key = _cache_entry("rows", ws, cand, nodes, metric)
+        rows = _cached_rows(rows_path, rows_key)
+        if rows is not None and (use is None or all(dict(r.gains) == dict(use.get(r.node, {})) for r in rows)):
+            say(f"node sensitivity{' ' + label if label else ''}: from the cache ({rows_path})")
+        else:
+            if use is None:     # kept in the cache folder as it goes: a stopped run continues there
+                use = _cached_gains(ws, cand, nodes, metric, progress(f"leave-one-fixed {label}".rstrip()))
+            rows = sensitivity_table(ws.simulator, cand, nodes, metric,
+                                     progress(f"node sensitivity {label}".rstrip()), gains=use)
+            write_atomic(rows_path, json.dumps({"key": rows_key, "rows": [r.as_dict() for r in rows]}, indent=1))
         runs.append(Ranking(label or cal.describe(), ws.simulator.resolve(cand)[0], rows))
     return Sensitivity(metric, runs, shared)
+
+
+def _cache_entry(kind: str, ws: Workspace, cand: Candidate, nodes: list[str], metric: str) -> tuple[Path, str]:
+    """Where one half of a YAML's ranking is cached (``gains``: the per-fix gains, ``rows``: the whole
+    table with the alone-quantized accuracies), and its key: the model, the calibration and evaluation
+    data, the YAML's decisions, the metric, march, nodes and tuner's version."""
+    key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(), cand.key(),
+                    metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES), f"tuner {__version__}"]
+                   + ([kind] if kind != "gains" else []))
+    return cache_dir() / "sensitivity" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json", key
+
+
+def _cached_rows(path: Path, key: str) -> list[SensitivityRow] | None:
+    """The cached table of ``key``, or None (absent, another key, unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != key:
+            return None
+        return [SensitivityRow(node=r["node"], op_type=r["op_type"],
+                               gains={f: float(r[f"{f}_gain"]) for f in FIXES if r.get(f"{f}_gain") is not None},
+                               alone_int8={k: float(v) for k, v in r["alone_int8"].items()},
+                               alone_int16=None if r["alone_int16"] is None else
+                               {k: float(v) for k, v in r["alone_int16"].items()}) for r in data["rows"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _cached_gains(ws: Workspace, cand: Candidate, nodes: list[str], metric: str,
                   progress: Progress | None) -> dict[str, Gains]:
     """Per-fix gains (CPU, int16) of a YAML's nodes, in ``<cache>/sensitivity/`` keyed by everything they
     depend on, written partial as they are computed (Ctrl-C keeps the finished nodes)."""
-    key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(), cand.key(),
-                    metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES)])
-    path = cache_dir() / "sensitivity" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    path, key = _cache_entry("gains", ws, cand, nodes, metric)
     return cached_sensitivity(path, key, lambda done, save: leave_one_fixed(ws.simulator, cand, nodes, metric,
                                                                            progress, done, save))

@@ -43,6 +43,8 @@ def duration_text(text: str) -> str:
     from tuner.errors import TunerError
     from tuner.study.sections import parse_duration
 
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"must be positive (seconds, or a duration like 30m / 8h), got {text!r}")
     try:
         seconds = parse_duration(text, "--timeout")
     except TunerError as exc:

@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     cost = cost_model(ws, args.board)
     lat = cost.latency(ev.plan)
     info = _info(ws, ev, lat, cost, t_stats)
+    hint = unnormalized_hint(ws, ev.mean_cosine)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
     if args.json:
         if args.trace:
             info["trace"] = text.accumulated_rows(ev, ws.graph)
@@ -78,6 +81,32 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_text(ws, ev, lat, cost, info, t_stats, args.trace)
     return 0
+
+
+#: An evaluation sample whose values are integers in [0, 255] reaching above this, on an input the
+#: YAML does not normalize, looks like raw pixels (check-data's rules: tuner.inputs.datarules).
+PIXEL_LIKE_MAX = 32.0
+
+
+def unnormalized_hint(ws: Any, cosine: float) -> str | None:
+    """One line pointing at ``tuner check-data`` when the first evaluation sample of an input without
+    normalization (norm_type no_preprocess) holds integers like 0..255 pixels: a model trained on
+    normalized input scores near nothing then, and eval alone cannot say why."""
+    import numpy as np
+
+    sample = next(iter(ws.eval_data), None)
+    if sample is None:
+        return None
+    for spec in ws.eval_data.inputs:
+        x = np.asarray(sample.get(spec.name))
+        if spec.mean is not None or spec.scale is not None or x.size == 0 or not np.issubdtype(x.dtype, np.number):
+            continue
+        lo, hi = float(x.min()), float(x.max())
+        if lo >= 0 and PIXEL_LIKE_MAX < hi <= 255 and bool(np.all(x == np.round(x))):
+            return (f"input {spec.name!r} holds integers {lo:g}..{hi:g}, like raw pixels, and the YAML does not "
+                    f"normalize it (mean output cosine {cosine:.4f}); if the model was trained on normalized input, "
+                    f"run 'tuner check-data {ws.config.path}'")
+    return None
 
 
 def _info(ws: Any, ev: Any, lat: Any, cost: Any, t_stats: float) -> dict[str, Any]:

@@ -232,12 +232,15 @@ def print_summary(study: Any, paths: Any, found: Any = None, stale: str | None =
 
 def report(args: argparse.Namespace) -> int:
     from tuner.console import progress_printer
+    from tuner.files import check_writable
     from tuner.study.outputs import study_report
     from tuner.study.session import StudySession
     from tuner.study.storage import open_existing, redact, study_info
     from tuner.study.warmstart import node_sensitivity
 
     study, paths = open_existing(args.study, args.storage, args.results_dir)
+    check_writable(paths.root, "report.html", "make it writable, or copy the study folder somewhere writable and "
+                                              "run 'tuner report' on the copy")
     info = study_info(study)
     notes: list[str] = []
     search: StudySession | None
@@ -330,6 +333,9 @@ def export(args: argparse.Namespace) -> int:
                                 f"{near.row.number}" if near is not None else ""))
         row = picked
     out = Path(args.out) if args.out else paths.root / f"trial_{row.number:05d}.yaml"
+    if not args.out:
+        check_writable(paths.root, out.name, f"pass --out FILE to write it elsewhere (tuner export {args.study} "
+                                             f"--out trial_{row.number:05d}.yaml)")
     notes = export_trial(row, out, Path(info.base_path), info.node_info_supported, None,
                          {"study": study.study_name, **info.fingerprints})
     for n in notes:

@@ -94,18 +94,21 @@ def check_image_file(spec: InputData, path: Path, head: bytes) -> None:
 class DataSet:
     """The samples of all model inputs, paired by sorted file name order."""
 
-    def __init__(self, inputs: list[InputData], limit: int | None = None):
+    def __init__(self, inputs: list[InputData], limit: int | None = None, evaluation: bool = False):
+        """``evaluation``: the folders are evaluation data (``--data``, a space's eval_data or
+        validation_data), not the YAML's cal_data_dir; messages name them so."""
         self.inputs = inputs
         self._fingerprint: str | None = None
         self.files: list[list[Path]] = []
+        kind, where = (("evaluation data folder", "check the folder given with --data, or a space's eval_data / "
+                        "validation_data (relative to the space)") if evaluation else
+                       ("calibration folder", "check calibration_parameters.cal_data_dir (relative to the YAML)"))
         for spec in inputs:
             if not spec.folder.is_dir():
-                raise TunerError(f"{spec.folder}: calibration folder not found for input {spec.name!r}; "
-                                 "check calibration_parameters.cal_data_dir (relative to the YAML), or the folder "
-                                 "given with --data or a space's eval_data")
+                raise TunerError(f"{spec.folder}: {kind} not found for input {spec.name!r}; {where}")
             files = list_samples(spec.folder)
             if not files:
-                raise TunerError(f"{spec.folder}: empty calibration folder for input {spec.name!r}; write samples "
+                raise TunerError(f"{spec.folder}: empty {kind} for input {spec.name!r}; write samples "
                                  "with numpy's tofile() there")
             self.files.append(files)
         counts = {len(f) for f in self.files}
@@ -258,4 +261,4 @@ def input_data(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
 def dataset_from_config(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
                         folders: list[Path] | None = None, limit: int | None = None) -> DataSet:
     """Build the DataSet the YAML describes; ``folders`` replaces ``cal_data_dir`` (``--data``)."""
-    return DataSet(input_data(specs, input_shapes, folders), limit=limit)
+    return DataSet(input_data(specs, input_shapes, folders), limit=limit, evaluation=folders is not None)

@@ -27,6 +27,8 @@ from optuna.storages import fail_stale_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.console import LineProgress
+from tuner.errors import DiskFull
+from tuner.files import disk_full_cause
 from tuner.study.orphans import fail_own_running, reap, stale_enabled, unverifiable
 from tuner.study.outputs import Output
 from tuner.study.sections import parse_duration
@@ -229,10 +231,18 @@ def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna
     budget has room (:func:`may_start`), and a trial started in a race for the last slot gives
     way (:func:`surplus`). Optuna's MaxTrialsCallback alone lets every worker finish one more.
     After each trial the trials of dead workers on this host are failed (and re-queued)."""
+    full: list[DiskFull] = []     # a full disk inside a trial: Optuna would record a failed trial and go on
+
     def gated(trial: optuna.Trial) -> Values:
         if surplus(trial, n_trials):
             raise optuna.TrialPruned("the budget was reached by other workers' trials")
-        return objective(trial)
+        try:
+            return objective(trial)
+        except Exception as exc:
+            cause = disk_full_cause(exc)
+            if cause is not None:
+                full.append(cause)
+            raise
 
     def reaper(st: optuna.Study, trial: FrozenTrial) -> None:
         reap_dead(st, max_retry)
@@ -242,7 +252,15 @@ def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna
     while not should_stop() and (deadline is None or time.monotonic() < deadline):
         if not may_start(study, n_trials, deadline, max_retry=max_retry):
             break
-        study.optimize(gated, n_trials=1, catch=(Exception,), callbacks=every, gc_after_trial=False)
+        try:
+            study.optimize(gated, n_trials=1, catch=(Exception,), callbacks=every, gc_after_trial=False)
+        except Exception as exc:   # a write of Optuna's own: its bookkeeping may raise something else on top
+            cause = disk_full_cause(exc)
+            if cause is None:
+                raise
+            raise cause from None
+        if full:
+            raise full[0]
 
 
 def optimize_until(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None,

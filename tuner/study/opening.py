@@ -18,7 +18,7 @@ import optuna
 
 from tuner.candidate import Candidate
 from tuner.cost import CostModel
-from tuner.errors import TunerError
+from tuner.errors import DiskFull, TunerError
 from tuner.files import check_writable
 from tuner.study.record import Objectives
 from tuner.study.sections import ACCURACY
@@ -73,6 +73,8 @@ class AtFinish:
     def finish(self, study: optuna.Study) -> None:
         try:
             self._finish(study)
+        except DiskFull:
+            raise
         except Exception as exc:
             print(f"warning: best_minimal.yaml not written: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -25,7 +25,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner import __version__
-from tuner.errors import TunerError
+from tuner.errors import DiskFull, TunerError
 from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
 from tuner.study import results
 from tuner.study.outcome import Outcome, Tracker, read_outcome
@@ -393,8 +393,11 @@ class ReportFile:
         self._at: float | None = None              # no mid-run draw starts before this (monotonic)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()               # _at, written by the drawing thread too
+        self.full: DiskFull | None = None           # a mid-run draw's full disk, raised in the loop's thread
 
     def after_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self.full is not None:       # a mid-run draw found the disk full: stop the search with it
+            raise self.full
         if trial.state == TrialState.COMPLETE:
             self.write(study)
 
@@ -447,6 +450,8 @@ class ReportFile:
         t0 = time.monotonic()
         try:
             self._draw(snap)
+        except DiskFull as exc:
+            self.full = exc
         except Exception as exc:   # TunerError too: nobody above this thread could report it
             self._warning(f"report.html not written: {type(exc).__name__}: {exc}")
         finally:
