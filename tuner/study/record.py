@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 RECORD = "record"   # the trial user attribute holding TrialRecord.to_json()
+#: The trial system attribute holding the list of constraint values (<= 0: met), in the order of
+#: :meth:`Objectives.constraints`: Optuna's own format, the one optuna-dashboard reads.
+CONSTRAINTS = "constraints"
 
 MODES = ("pareto", "accuracy", "latency")
 

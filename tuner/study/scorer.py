@@ -21,7 +21,7 @@ from tuner.candidate import Candidate
 from tuner.cost import CostModel
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Evaluation, Simulator
-from tuner.study.record import RECORD, CalibrationUsed, Counts, Latency, Objectives, TrialRecord
+from tuner.study.record import CONSTRAINTS, RECORD, CalibrationUsed, Counts, Latency, Objectives, TrialRecord
 from tuner.study.space import ResolvedSpace
 from tuner.workspace import Workspace
 
@@ -138,10 +138,21 @@ class Scorer:
         return values if len(values) > 1 else values[0]
 
     def _constrain(self, trial: optuna.Trial, record: TrialRecord) -> None:
+        """The trial's constraint values, <= 0 when met, stored twice: one key per constraint
+        (``constraints:<name>``, what ``trial.set_constraint`` writes: Optuna's
+        ``FrozenTrial.constraints`` names them) and the single list ``constraints`` in the same
+        order, as Optuna's samplers write it for a ``constraints_func``: the one key
+        optuna-dashboard reads (0.21: its feasible/infeasible split and its Pareto plot). Optuna
+        reads both formats; its samplers only look at constraints given a ``constraints_func``,
+        which tuner does not pass, so the proposals are unchanged."""
         o = self.objectives
-        for name, value in o.constraints(record.accuracy, record.latency_ms,
-                                         record.metrics(o.metric_names_needed)).items():
-            trial.set_constraint(name, min(value, 1e30))    # a missing metric (inf) as a large violation
+        values = {name: min(value, 1e30)        # a missing metric (inf) as a large violation
+                  for name, value in o.constraints(record.accuracy, record.latency_ms,
+                                                   record.metrics(o.metric_names_needed)).items()}
+        for name, value in values.items():
+            trial.set_constraint(name, value)
+        if values:
+            trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS, list(values.values()))
 
     # ------------------------------------------------------------------ other views of a candidate
     def per_node(self, cand: Candidate, evaluate: bool = True) -> Evaluation | None:
