@@ -115,6 +115,8 @@ def search(args: argparse.Namespace) -> int:
               + (f" (each re-run up to {args.max_retry} time(s))" if args.max_retry > 0 else ""))
     print_summary(study, place.paths, search.tracker.stored_outcome(study))
     print_simplest(search.minimal.last, place.paths)
+    if info.get("exhausted"):
+        print(f"stopped early: {info['exhausted']}")
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)
         return 1

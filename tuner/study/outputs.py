@@ -153,7 +153,8 @@ def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = 
                      + [_cell((rec.metrics or {}).get(k)) for k in real_metrics] if rec is not None
                      else [""] * (4 + len(real_metrics)))
         w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts.subgraphs,
-                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + more + [r.calibration, r.plan or ""])
+                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + more
+                   + [r.calibration, r.plan or (f"repeat of trial {r.trial_record.duplicate_of}" if r.duplicate else "")])
     return buf.getvalue()
 
 
