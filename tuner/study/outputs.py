@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import __version__
 from tuner.errors import TunerError
-from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
+from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, round_trip_yaml, write_atomic
 from tuner.study import results
 from tuner.study.outcome import Outcome, Tracker, read_outcome
 from tuner.study.record import Objectives, TrialRecord, direction_name
@@ -87,11 +87,12 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
     """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
     go into the header after the figures (closest.yaml says what it misses, best_minimal.yaml
     what it kept). ``base_raw``: the base YAML as already parsed (else read from ``base_path``)."""
+    base_text = base_path.read_text(encoding="utf-8") if base_path.is_file() else None
     if base_raw is None:
-        if not base_path.is_file():
+        if base_text is None:
             raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields "
                              "are kept)")
-        base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+        base_raw = yaml.safe_load(base_text)
     rec = row.trial_record
     cfg, notes = merged_config(dict(base_raw), base_path, rec.candidate, out, node_info_supported)
     check_rules(cfg, out, node_names)
@@ -103,7 +104,9 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
     header += [f"# {c}" for c in comments]
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
-    write_if_changed(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
+    # the user's file as written, only tuner's keys changed (the base as parsed when it is gone)
+    body = round_trip_yaml(base_text, cfg) if base_text is not None else None
+    write_if_changed(out, "\n".join(header) + "\n" + (body or dump_yaml(cfg)), protect=(base_path,))
     return notes
 
 
