@@ -73,21 +73,25 @@ class Exporter:
     node_names: frozenset[str]
     provenance: Mapping[str, str]        # study name and the input fingerprints, for the header
     objectives: Objectives
+    base_text: str | None = None         # the base YAML as written (read at set-up; exports keep it)
 
     def __call__(self, row: results.Row, out: Path, comments: tuple[str, ...] = (), margins: bool = True) -> list[str]:
         """Write ``row``'s YAML to ``out``; ``margins``: each constraint's margin in its header."""
         more = results.margin_comments(row, self.objectives) if margins else ()
         return export_trial(row, out, self.base_path, self.node_info_supported, set(self.node_names),
-                            dict(self.provenance), tuple(comments) + more, base_raw=self.base_raw)
+                            dict(self.provenance), tuple(comments) + more, base_raw=self.base_raw,
+                            base_text=self.base_text)
 
 
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
                  node_names: set[str] | None, provenance: Mapping[str, str], comments: tuple[str, ...] = (),
-                 base_raw: Mapping[str, Any] | None = None) -> list[str]:
+                 base_raw: Mapping[str, Any] | None = None, base_text: str | None = None) -> list[str]:
     """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
     go into the header after the figures (closest.yaml says what it misses, best_minimal.yaml
-    what it kept). ``base_raw``: the base YAML as already parsed (else read from ``base_path``)."""
-    base_text = base_path.read_text(encoding="utf-8") if base_path.is_file() else None
+    what it kept). ``base_raw``, ``base_text``: the base YAML as already parsed and as written
+    (else read from ``base_path``; the output keeps the text's comments and spelling)."""
+    if base_text is None and (base_raw is None or base_path.is_file()):
+        base_text = base_path.read_text(encoding="utf-8") if base_path.is_file() else None
     if base_raw is None:
         if base_text is None:
             raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields "
