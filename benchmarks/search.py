@@ -32,8 +32,9 @@ when missing), with fresh temporary results folders and a fresh temporary ``TUNE
    ``eval_data``, ``labels`` -- made absolute, ``study.sampler`` changed); their free nodes and
    choices are checked to be the same for every method. For each budget B: the best accuracy over the completed trials,
    the lowest modeled latency among feasible trials (accuracy >= ``objectives.min_accuracy``), the
-   hypervolume of the feasible Pareto front (accuracy up, latency down) and the number of trials
-   answered from storage (records with ``duplicate_of``, which still count as completed trials).
+   hypervolume of the feasible Pareto front (accuracy up, latency down) and the number of repeats
+   proposed (configurations already scored: pruned trials with ``duplicate_of``, answered from
+   storage and not counted in the budget B).
 
    The hypervolume's reference point is accuracy = ``min_accuracy`` and latency = 1.1 x the largest
    modeled latency of any trial of any method; it is printed, and shown as a percentage of the box
@@ -181,7 +182,8 @@ class Point:
     number: int
     accuracy: float
     latency_ms: float
-    duplicate: bool
+    duplicate: bool          # a completed repeat (studies made before repeats were pruned)
+    repeats: int = 0         # repeats proposed (pruned, not in the budget) before this trial
 
 
 @dataclass(frozen=True)
@@ -227,10 +229,14 @@ def copy_space(src: Path, out: Path, **sections: dict) -> Path:
 
 def points(study) -> list[Point]:
     """Completed trials in trial order."""
+    import bisect
+
+    from tuner.study.loop import repeat_of
     from tuner.study.results import rows
 
-    return sorted((Point(r.number, r.accuracy, r.latency_ms, r.duplicate) for r in rows(study)),
-                  key=lambda p: p.number)
+    rep = sorted(t.number for t in study.get_trials(deepcopy=False) if repeat_of(t) is not None)
+    return sorted((Point(r.number, r.accuracy, r.latency_ms, r.duplicate, bisect.bisect_left(rep, r.number))
+                   for r in rows(study)), key=lambda p: p.number)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -315,10 +321,10 @@ def bench_quality(tmp: Path, budgets: list[int], seed: int, incremental: bool, s
             best_ms = f"{min(p.latency_ms for p in feas):.3f}" if feas else "-"
             print(f"{b if m is METHODS[0] else '':>6}  {m.label:<12}{max(p.accuracy for p in pts):>10.6f}"
                   f"{best_ms:>15}{hv:>11.3e}{100 * hv / box:>7.1f}{f'{len(feas)}/{len(pts)}':>10}{front:>7}"
-                  f"{sum(p.duplicate for p in pts):>6}")
+                  f"{sum(p.duplicate for p in pts) + (pts[-1].repeats if pts else 0):>6}")
     print("best acc: max accuracy of any completed trial; best feas. ms: lowest modeled latency with accuracy >= "
-          "min_accuracy; front: distinct feasible Pareto points; dups: trials answered "
-          "from storage (duplicate_of), counted in the budget")
+          "min_accuracy; front: distinct feasible Pareto points; dups: proposals of a configuration "
+          "already scored (duplicate_of), answered from storage and not counted in the budget")
 
 
 def main(argv: list[str] | None = None) -> int:

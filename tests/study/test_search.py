@@ -94,10 +94,11 @@ def test_failed_trials_are_recorded_with_the_reason_and_the_study_goes_on(tmp_pa
                      "  per_channel: [false]\nstudy:\n  name: recip\n  n_trials: 3\n  warm_start: false\n")
     assert load_config(cfg)
     search = StudySession.open(space, results_dir=tmp_path / "results", quiet=True)
-    study, _ = run(search, n_trials=3, timeout=None, jobs=1, seed=0, progress=False)
+    study, info = run(search, n_trials=3, timeout=None, jobs=1, seed=0, progress=False)
     failed = [t for t in study.trials if t.state == TrialState.FAIL]
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert failed and done and len(done) == 3
+    # the space's one other candidate completes once; its repeats are no new trials
+    assert failed and len(done) == 1 and ("exhausted" in info or "stopped" in info), info
     assert "non-finite" in failed[0].user_attrs["error"]
     assert all(v == "BPU" for t in failed for k, v in t.params.items() if "relu" in k)
     assert all(v == "BPU:int16" for t in done for k, v in t.params.items() if "relu" in k)

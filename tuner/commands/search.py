@@ -116,6 +116,8 @@ def search(args: argparse.Namespace) -> int:
     found = search.tracker.stored_outcome(study)
     print_summary(study, place.paths, found, stale=search.result_files.stale)
     print_simplest(search.minimal.last, place.paths)
+    if info.get("exhausted"):
+        print(f"stopped early: {info['exhausted']}")
     print_convert(place.paths, place.name, found, search.minimal.last)
     if info.get("stopped"):
         print(f"tuner: stopped: {info['stopped']}", file=sys.stderr)

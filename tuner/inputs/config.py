@@ -101,6 +101,7 @@ class HbConfig:
     optimization: tuple[str, ...]
     legacy_placement: dict[str, dict[str, str]] = field(default_factory=dict)  # run_on_cpu / run_on_bpu only
     warnings: list[str] = field(default_factory=list)
+    text: str | None = None     # the file as written (exports keep its comments and spelling)
 
     def section(self, name: str) -> dict[str, Any]:
         return self.raw.get(name) or {}
@@ -245,10 +246,16 @@ def _check_optimization(path: Path, option: str) -> None:
 
 def read_yaml(path: Path, what: str, missing_hint: str = "") -> Any:
     """``yaml.safe_load`` of a user file, every failure as one TunerError naming the file."""
+    return read_yaml_text(path, what, missing_hint)[0]
+
+
+def read_yaml_text(path: Path, what: str, missing_hint: str = "") -> tuple[Any, str]:
+    """:func:`read_yaml` and the file's text (read once)."""
     if not path.is_file():
         raise TunerError(f"{path}: no such file{missing_hint}")
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
+        text = path.read_text(encoding="utf-8")
+        return yaml.load(text, Loader=UniqueKeyLoader), text
     except DuplicateKeyError as exc:
         raise TunerError(f"{path}: {exc}") from None
     except UnicodeDecodeError:
@@ -263,8 +270,11 @@ def read_yaml(path: Path, what: str, missing_hint: str = "") -> Any:
 def load_config(path: str | Path) -> HbConfig:
     """Read and validate an hb_mapper YAML. Raises TunerError naming the bad key."""
     path = Path(path)
-    raw = read_yaml(path, "the hb_mapper YAML", "; pass the hb_mapper YAML given to 'hb_mapper makertbin --config'")
-    return parse_config(raw, path)
+    raw, text = read_yaml_text(path, "the hb_mapper YAML",
+                               "; pass the hb_mapper YAML given to 'hb_mapper makertbin --config'")
+    cfg = parse_config(raw, path)
+    cfg.text = text
+    return cfg
 
 
 def parse_config(raw: Any, path: Path) -> HbConfig:

@@ -31,6 +31,7 @@ from tuner.errors import DiskFull
 from tuner.files import disk_full_cause
 from tuner.study.orphans import fail_own_running, reap, stale_enabled, unverifiable
 from tuner.study.outputs import Output
+from tuner.study.record import DUPLICATE_OF
 from tuner.study.sections import parse_duration
 from tuner.study.session import StudySession
 
@@ -61,6 +62,7 @@ class RunInfo(TypedDict):
     failed: NotRequired[int]    # trials that failed in this run
     stopped: NotRequired[str]   # why the run stopped early (failed trials in a row)
     best_text: NotRequired[str]  # the best trial so far, for the progress bar and lines
+    exhausted: NotRequired[str]  # why the run ended before n_trials: only repeats were proposed
 
 
 def duration(text: Any) -> float | None:
@@ -115,7 +117,10 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
     try:
         if n_trials > done:
             if jobs <= 1:
-                optimize_until(search, study, n_trials, timeout, [search.tracker, on_trial], lambda: "stopped" in info)
+                exhausted = optimize_until(search, study, n_trials, timeout, [search.tracker, on_trial],
+                                           lambda: "stopped" in info)
+                if exhausted:
+                    info["exhausted"] = exhausted
             else:
                 info["zombies"] += _run_workers(search, study, n_trials, timeout, jobs, seed, bar, outputs)
     except KeyboardInterrupt:
@@ -222,15 +227,31 @@ def may_start(study: optuna.Study, n_trials: int, deadline: float | None = None,
     return False
 
 
+#: Proposals in a row that repeat a scored candidate before a worker stops: the space (or what
+#: the sampler still proposes of it) holds no new candidate. A repeat costs a proposal, no
+#: simulation, and is no completed trial (:meth:`tuner.study.scorer.Scorer.objective`).
+REPEATS_IN_A_ROW = 50
+
+
+def repeat_of(trial: FrozenTrial) -> int | None:
+    """The completed trial this pruned trial repeats (None: not a repeat)."""
+    n = trial.user_attrs.get(DUPLICATE_OF) if trial.state == TrialState.PRUNED else None
+    return n if isinstance(n, int) else None
+
+
 def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna.Study, n_trials: int,
                       timeout: float | None, callbacks: Sequence[Callback],
                       should_stop: Callable[[], bool] = lambda: False,
-                      max_retry: int = 1) -> None:
+                      max_retry: int = 1, max_repeats: int = REPEATS_IN_A_ROW) -> str | None:
     """Run ``objective`` until the study holds exactly ``n_trials`` completed trials, with any
     number of workers (processes, machines) doing the same: each trial starts only when the
     budget has room (:func:`may_start`), and a trial started in a race for the last slot gives
     way (:func:`surplus`). Optuna's MaxTrialsCallback alone lets every worker finish one more.
-    After each trial the trials of dead workers on this host are failed (and re-queued)."""
+    After each trial the trials of dead workers on this host are failed (and re-queued).
+
+    A repeat (a pruned trial with :data:`DUPLICATE_OF`) is not a completed trial, so the budget
+    is ``n_trials`` distinct candidates; after ``max_repeats`` repeats in a row this worker
+    stops and says why (returned; None when it stopped for another reason)."""
     full: list[DiskFull] = []     # a full disk inside a trial: Optuna would record a failed trial and go on
 
     def gated(trial: optuna.Trial) -> Values:
@@ -244,12 +265,20 @@ def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna
                 full.append(cause)
             raise
 
+    repeats = 0
+
     def reaper(st: optuna.Study, trial: FrozenTrial) -> None:
+        nonlocal repeats
+        repeats = repeats + 1 if repeat_of(trial) is not None else 0 if trial.state == TrialState.COMPLETE else repeats
         reap_dead(st, max_retry)
 
     deadline = None if timeout is None else time.monotonic() + timeout
     every: list[Callback] = [*callbacks, reaper]
     while not should_stop() and (deadline is None or time.monotonic() < deadline):
+        if repeats >= max_repeats:
+            done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            return (f"the last {repeats} proposals repeated candidates already scored: the space holds no new "
+                    f"one the sampler finds ({done} distinct candidate(s) of the {n_trials} asked for)")
         if not may_start(study, n_trials, deadline, max_retry=max_retry):
             break
         try:
@@ -261,13 +290,14 @@ def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna
             raise cause from None
         if full:
             raise full[0]
+    return None
 
 
 def optimize_until(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None,
-                   callbacks: Sequence[Callback], should_stop: Callable[[], bool] = lambda: False) -> None:
+                   callbacks: Sequence[Callback], should_stop: Callable[[], bool] = lambda: False) -> str | None:
     """:func:`budgeted_optimize` with the session's objective (its scorer's)."""
-    budgeted_optimize(search.scorer.objective, study, n_trials, timeout, callbacks, should_stop,
-                      search.place.max_retry)
+    return budgeted_optimize(search.scorer.objective, study, n_trials, timeout, callbacks, should_stop,
+                             search.place.max_retry)
 
 
 def work(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None) -> None:

@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner import __version__
 from tuner.errors import DiskFull, TunerError
-from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, write_atomic
+from tuner.export.hb_yaml import check_rules, dump_yaml, merged_config, round_trip_yaml, write_atomic
 from tuner.study import results
 from tuner.study.outcome import Outcome, Tracker, read_outcome
 from tuner.study.record import Objectives, TrialRecord, direction_name
@@ -73,25 +73,30 @@ class Exporter:
     node_names: frozenset[str]
     provenance: Mapping[str, str]        # study name and the input fingerprints, for the header
     objectives: Objectives
+    base_text: str | None = None         # the base YAML as written (read at set-up; exports keep it)
 
     def __call__(self, row: results.Row, out: Path, comments: tuple[str, ...] = (), margins: bool = True) -> list[str]:
         """Write ``row``'s YAML to ``out``; ``margins``: each constraint's margin in its header."""
         more = results.margin_comments(row, self.objectives) if margins else ()
         return export_trial(row, out, self.base_path, self.node_info_supported, set(self.node_names),
-                            dict(self.provenance), tuple(comments) + more, base_raw=self.base_raw)
+                            dict(self.provenance), tuple(comments) + more, base_raw=self.base_raw,
+                            base_text=self.base_text)
 
 
 def export_trial(row: results.Row, out: Path, base_path: Path, node_info_supported: bool,
                  node_names: set[str] | None, provenance: Mapping[str, str], comments: tuple[str, ...] = (),
-                 base_raw: Mapping[str, Any] | None = None) -> list[str]:
+                 base_raw: Mapping[str, Any] | None = None, base_text: str | None = None) -> list[str]:
     """Write the trial's hb_mapper YAML to ``out`` (checked, atomic); returns notes. ``comments``
     go into the header after the figures (closest.yaml says what it misses, best_minimal.yaml
-    what it kept). ``base_raw``: the base YAML as already parsed (else read from ``base_path``)."""
+    what it kept). ``base_raw``, ``base_text``: the base YAML as already parsed and as written
+    (else read from ``base_path``; the output keeps the text's comments and spelling)."""
+    if base_text is None and (base_raw is None or base_path.is_file()):
+        base_text = base_path.read_text(encoding="utf-8") if base_path.is_file() else None
     if base_raw is None:
-        if not base_path.is_file():
+        if base_text is None:
             raise TunerError(f"{base_path}: the study's base YAML is gone; it is needed to export (its other fields "
                              "are kept)")
-        base_raw = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+        base_raw = yaml.safe_load(base_text)
     rec = row.trial_record
     cfg, notes = merged_config(dict(base_raw), base_path, rec.candidate, out, node_info_supported)
     check_rules(cfg, out, node_names)
@@ -104,7 +109,9 @@ def export_trial(row: results.Row, out: Path, base_path: Path, node_info_support
     header += [f"# {c}" for c in comments]
     header += [f"# {k} sha256 {v}" for k, v in provenance.items() if k != "study"]
     header += [f"# note: {n}" for n in notes]
-    write_if_changed(out, "\n".join(header) + "\n" + dump_yaml(cfg), protect=(base_path,))
+    # the user's file as written, only tuner's keys changed (the base as parsed when it is gone)
+    body = round_trip_yaml(base_text, cfg) if base_text is not None else None
+    write_if_changed(out, "\n".join(header) + "\n" + (body or dump_yaml(cfg)), protect=(base_path,))
     return notes
 
 
@@ -176,7 +183,8 @@ def trials_csv(rows: list[results.Row], vals: Mapping[int, Validation] | None = 
                      + [_cell((rec.metrics or {}).get(k)) for k in real_metrics] if rec is not None
                      else [""] * (4 + len(real_metrics)))
         w.writerow([r.number, f"{r.accuracy:.6f}", f"{r.latency_ms:.4f}", r.feasible, r.counts.subgraphs,
-                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + more + [r.calibration, r.plan or ""])
+                    r.counts.cpu_nodes, r.counts.int16_nodes] + values + more
+                   + [r.calibration, r.plan or (f"repeat of trial {r.trial_record.duplicate_of}" if r.duplicate else "")])
     return buf.getvalue()
 
 

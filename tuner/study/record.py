@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 RECORD = "record"   # the trial user attribute holding TrialRecord.to_json()
+#: The trial system attribute holding the list of constraint values (<= 0: met), in the order of
+#: :meth:`Objectives.constraints`: Optuna's own format, the one optuna-dashboard reads.
+CONSTRAINTS = "constraints"
+#: The user attribute of a repeat: a trial whose candidate a completed trial already scored. It
+#: is answered from that trial and pruned (not simulated, not a completed trial: it does not
+#: count toward ``n_trials`` and is on no front); the value is that trial's number.
+DUPLICATE_OF = "duplicate_of"
 
 MODES = ("pareto", "accuracy", "latency")
 

@@ -21,7 +21,16 @@ from tuner.candidate import Candidate
 from tuner.cost import CostModel
 from tuner.metrics.accuracy import accuracy
 from tuner.simulate import Evaluation, Simulator
-from tuner.study.record import RECORD, CalibrationUsed, Counts, Latency, Objectives, TrialRecord
+from tuner.study.record import (
+    CONSTRAINTS,
+    DUPLICATE_OF,
+    RECORD,
+    CalibrationUsed,
+    Counts,
+    Latency,
+    Objectives,
+    TrialRecord,
+)
 from tuner.study.space import ResolvedSpace
 from tuner.workspace import Workspace
 
@@ -112,8 +121,11 @@ class Scorer:
         return self.cost.latency(self.ws.simulator.plan(cand)).total_ms
 
     def objective(self, trial: optuna.Trial) -> list[float] | float:
-        """Optuna's objective: the trial's candidate scored (or answered from the stored result
-        when an equal candidate ran before, here or in another worker)."""
+        """Optuna's objective: the trial's candidate scored. A candidate a completed trial (here
+        or in another worker) already scored is a repeat: it costs nothing and is no new trial,
+        so it is pruned with :data:`DUPLICATE_OF` naming that trial (the budget counts completed
+        trials; the samplers see a pruned trial as no better than the completed ones, so TPE
+        moves away from it; a front, trials.csv and optuna-dashboard list completed trials)."""
         r = self.resolved
         params = {d.param: trial.suggest_categorical(d.param, list(d.choices)) for d in r.decisions}
         for name, values in r.calibration_params.items():
@@ -122,9 +134,8 @@ class Scorer:
         key = cand.key()
         hit = self.stored(trial.study, key)
         if hit is not None and hit.record is not None and hit.trial is not None:
-            self._constrain(trial, hit.record)
-            trial.set_user_attr(RECORD, hit.record.as_duplicate_of(hit.trial).to_json())
-            return list(hit.values) if len(hit.values) > 1 else hit.values[0]
+            trial.set_user_attr(DUPLICATE_OF, hit.trial)
+            raise optuna.TrialPruned(f"a repeat of trial {hit.trial}")
         try:
             record = self.score(cand)
         except Exception as exc:
@@ -138,10 +149,22 @@ class Scorer:
         return values if len(values) > 1 else values[0]
 
     def _constrain(self, trial: optuna.Trial, record: TrialRecord) -> None:
+        """The trial's constraint values, <= 0 when met, stored twice: one key per constraint
+        (``constraints:<name>``, what ``trial.set_constraint`` writes: Optuna's
+        ``FrozenTrial.constraints`` names them) and the single list ``constraints`` in the same
+        order, as Optuna's samplers write it for a ``constraints_func``: the one key
+        optuna-dashboard reads (0.21: its feasible/infeasible split and its Pareto plot). Optuna
+        reads both formats into ``FrozenTrial.constraints``; TPE ranks infeasible trials by the sum
+        of their positive values, which both keys double alike (the order and so the proposals
+        are unchanged)."""
         o = self.objectives
-        for name, value in o.constraints(record.accuracy, record.latency_ms,
-                                         record.metrics(o.metric_names_needed)).items():
-            trial.set_constraint(name, min(value, 1e30))    # a missing metric (inf) as a large violation
+        values = {name: min(value, 1e30)        # a missing metric (inf) as a large violation
+                  for name, value in o.constraints(record.accuracy, record.latency_ms,
+                                                   record.metrics(o.metric_names_needed)).items()}
+        for name, value in values.items():
+            trial.set_constraint(name, value)
+        if values:
+            trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS, list(values.values()))
 
     # ------------------------------------------------------------------ other views of a candidate
     def per_node(self, cand: Candidate, evaluate: bool = True) -> Evaluation | None:

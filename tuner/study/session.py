@@ -113,7 +113,7 @@ class StudySession:
         """Writes a trial's YAML."""
         p = self.problem
         return Exporter(p.space.base, p.base_raw, p.ws.node_info_supported, frozenset(p.ws.graph.by_name),
-                        {"study": self.place.name, **p.fingerprints}, p.objectives)
+                        {"study": self.place.name, **p.fingerprints}, p.objectives, p.ws.config.text)
 
     @property
     def result_files(self) -> ResultFiles:
