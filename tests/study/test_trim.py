@@ -118,3 +118,22 @@ def test_search_writes_best_minimal_and_prints_the_one_line_fix(tmp_path):
     # the closest first, each below the floor by what it says
     assert float(base.group(1)) <= float(fix.group(1)) < 0.9985
     assert float(fix.group(2)) == pytest.approx(0.9985 - float(fix.group(1)), abs=1e-5)
+
+
+def test_the_trim_never_makes_the_winner_slower(tmp_path):
+    """The tiny base YAML leaves /gate/Greater and /gate/Where_equal on the CPU (hb's default); a
+    winner that moved them to the BPU keeps them there: putting them back would meet the floor with
+    fewer changes but cost modeled latency (before: the trimmed file 0.769 ms, the winner 0.665 ms)."""
+    s = session(tmp_path)
+    r = s.problem.resolved
+    study = s.study(seed=0)
+    base = base_params(r)
+    assert base["node:/gate/Greater"] == "CPU" and base["node:/gate/Where_equal"] == "CPU"
+    winner = {**base, "node:/gate/Conv": "BPU:int16", "node:/gate/Greater": "BPU", "node:/gate/Where_equal": "BPU"}
+    start = s.scorer.score(r.candidate(winner), study)
+    assert start.accuracy >= 0.999
+    back = r.candidate({**winner, "node:/gate/Greater": "CPU", "node:/gate/Where_equal": "CPU"})
+    assert s.scorer.modeled_latency(back) > start.latency_ms     # the CPU placements cost latency
+    t = trim(r, 3, winner, start, s.problem.objectives, lambda c: s.scorer.score(c, study), s.scorer.modeled_latency)
+    assert t.minimal.latency_ms <= start.latency_ms + 1e-9
+    assert {k.change.param for k in t.kept} >= {"node:/gate/Greater", "node:/gate/Where_equal", "node:/gate/Conv"}

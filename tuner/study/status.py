@@ -104,7 +104,7 @@ def same_outcome(a: TrialRecord, b: TrialRecord) -> bool:
     accuracy and modeled latency (to the figures the tables print) and task metrics."""
     if a.key == b.key:
         return True
-    return (abs(a.accuracy - b.accuracy) < 5e-7 and abs(a.latency_ms - b.latency_ms) < 5e-4
+    return (f"{a.accuracy:.6f}" == f"{b.accuracy:.6f}" and f"{a.latency_ms:.3f}" == f"{b.latency_ms:.3f}"
             and dict(a.task) == dict(b.task))
 
 
