@@ -6,6 +6,7 @@ ends the search with a line saying so."""
 import csv
 import json
 
+import pytest
 from cli import tuner
 from helpers import write_tiny_space
 from optuna.trial import TrialState
@@ -50,9 +51,11 @@ def test_n_trials_distinct_candidates_and_repeats_are_not_simulated(tmp_path):
         assert sorted(int(r["trial"]) for r in csv.DictReader(f)) == sorted(by_number)
 
 
-def test_a_space_smaller_than_n_trials_ends_with_one_line(tmp_path):
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_space_smaller_than_n_trials_ends_with_one_line(tmp_path, jobs):
+    """With ``--jobs 2`` each worker process stops on its own repeats; the parent says why."""
     space = write_tiny_space(tmp_path, extra=SMALL)
-    r = tuner("search", space, "--n-trials", 40, cwd=tmp_path)
+    r = tuner("search", space, "--n-trials", 40, "--jobs", jobs, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("stopped early:")]
     assert "repeated candidates already scored" in line and "of the 40 asked for" in line

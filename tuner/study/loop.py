@@ -123,6 +123,9 @@ def run(search: StudySession, n_trials: int, timeout: float | None, jobs: int, s
                     info["exhausted"] = exhausted
             else:
                 info["zombies"] += _run_workers(search, study, n_trials, timeout, jobs, seed, bar, outputs)
+                exhausted = workers_exhausted(study, n_trials)
+                if exhausted and not STOP.is_set():
+                    info["exhausted"] = exhausted
     except KeyboardInterrupt:
         info["interrupted"] = True
     except Exception:
@@ -237,6 +240,19 @@ def repeat_of(trial: FrozenTrial) -> int | None:
     """The completed trial this pruned trial repeats (None: not a repeat)."""
     n = trial.user_attrs.get(DUPLICATE_OF) if trial.state == TrialState.PRUNED else None
     return n if isinstance(n, int) else None
+
+
+def workers_exhausted(study: optuna.Study, n_trials: int, max_repeats: int = REPEATS_IN_A_ROW) -> str | None:
+    """Why worker processes ended before ``n_trials`` completed trials, when it was the repeats:
+    the study's last ``max_repeats`` finished trials are all repeats (each worker stops after that
+    many in a row, and says so only in its own process). None otherwise."""
+    trials = study.get_trials(deepcopy=False)
+    done = sum(t.state == TrialState.COMPLETE for t in trials)
+    tail = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)][-max_repeats:]
+    if done >= n_trials or len(tail) < max_repeats or any(repeat_of(t) is None for t in tail):
+        return None
+    return (f"the last {max_repeats} proposals repeated candidates already scored: the space holds no new "
+            f"one the sampler finds ({done} distinct candidate(s) of the {n_trials} asked for)")
 
 
 def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna.Study, n_trials: int,
