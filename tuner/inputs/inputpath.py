@@ -23,8 +23,10 @@ what the BPU's first layer sees; the model side does not change.
   as in ``*_quantized_model.onnx`` (nv12 rgb: rows (91, 0, 127), (127, -44, -91), (72, 127, 0)).
 
 hb calibrates the preprocess output with the float ``W`` (the toy's max threshold 3.98759 equals the
-float path's max to 6 digits; with the int8 ``W`` it would be 3.99243, +0.12 %); the simulation uses the
-int8 ``W`` for both, which is what the board computes.
+float path's max to 6 digits; with the int8 ``W`` it would be 3.99243, +0.12 %), and its calibrated and
+quantized models run the int8 ``W`` (the calibrated model's preprocess output equals :class:`InputPath`'s
+to 4e-7 on PP-OCRv4's detector): tuner's statistics read the samples with the float ``W``
+(:meth:`tuner.inputs.data.DataSet.for_calibration`), its evaluation with the int8 one.
 """
 
 from __future__ import annotations
@@ -98,10 +100,12 @@ class InputPath:
         """:meth:`runtime_values` in the training layout, float32: the calibrated model's input."""
         return np.moveaxis(self.runtime_values(x), 1, self.channel_axis).astype(np.float32)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """What the network's first layer sees for training-format sample ``x`` (float32, same layout)."""
+    def __call__(self, x: np.ndarray, float_weights: bool = False) -> np.ndarray:
+        """What the network's first layer sees for training-format sample ``x`` (float32, same layout);
+        ``float_weights``: with ``W`` in float, as hb's calibration pass computes it."""
         v = self.runtime_values(x)
-        y = np.einsum("oc,nc...->no...", self.weight_int8, v) + self.bias.reshape((1, -1) + (1,) * (v.ndim - 2))
+        w = self.weight if float_weights else self.weight_int8
+        y = np.einsum("oc,nc...->no...", w, v) + self.bias.reshape((1, -1) + (1,) * (v.ndim - 2))
         return np.moveaxis(y, 1, self.channel_axis).astype(np.float32)
 
 
