@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers import write_example_project
-from ppocr import DET_MODEL, relabel_opset11, write_cls_project, write_ppocr_project
+from ppocr import DET_MODEL, relabel_opset11, write_cls_project, write_ppocr_camera_project, write_ppocr_project
 
 from tuner.toolchain.fidelity import Case
 
@@ -79,6 +79,15 @@ CLS_CASES = CALIBRATIONS + (
 )
 
 
+#: The detector as a camera model (issue 26): ``input_type_rt: nv12`` from uint8 BGR files, its normalization
+#: as ``data_mean_and_scale``; hb's HzPreprocess (YUV -> BGR and mean/scale, int8 weights) after 4:2:0 chroma.
+NV12_CASES = (
+    Case("max"),
+    Case("default", {"calibration_type": "default"}),
+    Case("per_channel", {"calibration_type": "max", "per_channel": True}),
+)
+
+
 def example_project(root: Path) -> tuple[Path, list[Path]]:
     """(the base YAML, the evaluation folders) of the example, data written into ``root``."""
     cfg = write_example_project(root, n_cal=32, n_eval=16)
@@ -91,6 +100,11 @@ def ppocr_project(root: Path) -> tuple[Path, list[Path]]:
     return cfg, [root / "cal"]
 
 
+def ppocr_nv12_project(root: Path) -> tuple[Path, list[Path]]:
+    """The detector with ``input_type_rt: nv12``: its 8 photos as uint8 BGR, calibration = evaluation."""
+    return write_ppocr_camera_project(root, "nv12"), [root / "cal"]
+
+
 def cls_project(root: Path) -> tuple[Path, list[Path]]:
     """The classifier: 16 calibration strips, the 112 labelled strips (56 upright, 56 turned) to score on."""
     cfg, _ = write_cls_project(root)
@@ -98,7 +112,7 @@ def cls_project(root: Path) -> tuple[Path, list[Path]]:
 
 
 MODELS = {"segdepth": (example_project, EXAMPLE_CASES), "ppocr_det": (ppocr_project, PPOCR_CASES),
-          "ppocr_cls": (cls_project, CLS_CASES)}
+          "ppocr_cls": (cls_project, CLS_CASES), "ppocr_nv12": (ppocr_nv12_project, NV12_CASES)}
 #: Evaluation samples per model (16 unless listed). The classifier's output cosine is decided by its few
 #: strips near the decision boundary, where hb's integer kernels and any float simulation part ways (its
 #: calibrated model, computed in float, is as far from its quantized one there as tuner is): on 16 of the

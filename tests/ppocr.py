@@ -180,6 +180,41 @@ def write_ppocr_project(root: Path, photos: tuple[str, ...] = PHOTOS, height: in
     return cfg
 
 
+def pixels(rgb: np.ndarray, height: int = HEIGHT, width: int = WIDTH) -> np.ndarray:
+    """The detector's input before its normalization: 1x3xHxW uint8 BGR 0..255, resized as :func:`preprocess`
+    does (the calibration file of an image ``input_type_train``, mean/scale left to the YAML)."""
+    from skimage.transform import resize
+
+    img = resize(rgb[:, :, ::-1], (height, width), order=1, preserve_range=True, anti_aliasing=False)
+    return np.ascontiguousarray(np.clip(np.rint(img), 0, 255).astype(np.uint8).transpose(2, 0, 1)[None])
+
+
+def write_ppocr_camera_project(root: Path, type_rt: str = "nv12", photos: tuple[str, ...] = PHOTOS,
+                               height: int = HEIGHT, width: int = WIDTH) -> Path:
+    """The detector as a camera model: ``input_type_train: bgr`` (rapidocr feeds it BGR), ``input_type_rt``
+    ``type_rt``, its ``(x / 255 - 0.5) / 0.5`` as ``data_mean_and_scale`` (mean 127.5, scale 1/127.5), and
+    uint8 BGR calibration files in cal/ (opset relabelled to 11). Returns the YAML path."""
+    src = det_model_path()
+    if src is None:
+        raise FileNotFoundError("rapidocr-onnxruntime is not installed: pip install --no-deps rapidocr-onnxruntime==1.4.4")
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, root / DET_MODEL)
+    relabel_opset11(root / DET_MODEL)
+    cal = root / "cal"
+    cal.mkdir(exist_ok=True)
+    for i, name in enumerate(photos):
+        pixels(load_photo(name), height, width).tofile(cal / f"{i:04d}.bin")
+    text = hb_yaml(DET_MODEL, "x", f"1x3x{height}x{width}", "max", prefix=f"ppocr_det_{type_rt}")
+    layout_rt = "" if type_rt == "nv12" else "\n  input_layout_rt: 'NHWC'"
+    text = text.replace("  input_type_train: 'featuremap'", "  input_type_train: 'bgr'").replace(
+        "  input_type_rt: 'featuremap'\n  input_layout_rt: 'NCHW'", f"  input_type_rt: '{type_rt}'{layout_rt}").replace(
+        "  norm_type: 'no_preprocess'", "  norm_type: 'data_mean_and_scale'\n  mean_value: '127.5'\n"
+        f"  scale_value: '{1 / 127.5:.9f}'").replace("cal_data_type: 'float32'", "cal_data_type: 'uint8'")
+    cfg = root / "hb_config.yaml"
+    cfg.write_text(text)
+    return cfg
+
+
 def relabel_opset11(path: Path) -> None:
     """Relabel an opset-12 PP-OCR export as opset 11 in place: hmct 1.1.0 refuses opset 12 ("The opset
     version of the model is 12, the maximum supported version is 11": ``check_opset_version`` in

@@ -65,7 +65,7 @@ class Workspace:
         check_node_names(graph, Candidate.from_config(config, node_info_supported=target.raw.get("node_info", True)
                                                       is not False))   # before the statistics pass
         tensors = graph.activation_tensors()
-        stats, from_cache, stats_path = cached_statistics(model, cal, tensors, threads, progress)
+        stats, from_cache, stats_path = cached_statistics(model, cal.for_calibration(), tensors, threads, progress)
         warnings = list(config.warnings) + list(model.warnings)
         if target.raw.get("node_info", True) is False and (config.section("model_parameters").get("node_info")
                                                             or config.section("model_parameters").get("set_node_data_type")):

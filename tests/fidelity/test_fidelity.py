@@ -79,10 +79,10 @@ def suite(hb_toolchain, tmp_path_factory):
 
     def get(model: str) -> dict[str, F.CaseResult]:
         if model not in _RESULTS:
-            if model in ("ppocr_det", "ppocr_cls"):
+            if model in ("ppocr_det", "ppocr_cls", "ppocr_nv12"):
                 from ppocr import cls_model_path, det_model_path
 
-                if (det_model_path() if model == "ppocr_det" else cls_model_path()) is None:
+                if (cls_model_path() if model == "ppocr_cls" else det_model_path()) is None:
                     pytest.skip("rapidocr-onnxruntime is not installed (see the README's test command)")
             done = run_suite(hb_toolchain, model, tmp_path_factory.mktemp("fidelity"))
             _RESULTS[model] = {r.case: r for r, _ in done}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,8 @@ class InputSpec:
     cal_dir: Path | None
     cal_type: str | None
     preprocess_on: bool = False      # hb_mapper reads this input's cal_data_dir as images and resizes them itself
+    type_rt: str | None = None       # input_type_rt: the board's input format (tuner.inputs.inputpath)
+    space_and_range: str = "regular"  # input_space_and_range: bt601_video (nv12 only) or regular
 
 
 @dataclass
@@ -411,12 +413,36 @@ def _inputs(path: Path, ip: dict[str, Any], cp: dict[str, Any], calibration_type
         if t is not None and t not in CAL_DATA_TYPES:
             raise TunerError(f"{path}: calibration_parameters.cal_data_type: {t!r} is not one of {', '.join(CAL_DATA_TYPES)}")
     preprocess_on = cp.get("preprocess_on") is True
-    return [_input_spec(path, name, ttrain, layout, shape, norm, mean, scale, cal_dirs[i], cal_types[i], preprocess_on,
-                        warnings)
-            for i, (name, ttrain, layout, shape, norm, mean, scale) in enumerate(zip(
-                names if names else [""], ips("input_type_train", None), ips("input_layout_train", None),
-                ips("input_shape", ""), ips("norm_type", "no_preprocess"), ips("mean_value", "None"),
-                ips("scale_value", "None")))]
+    specs = [_input_spec(path, name, ttrain, layout, shape, norm, mean, scale, cal_dirs[i], cal_types[i],
+                         preprocess_on, warnings)
+             for i, (name, ttrain, layout, shape, norm, mean, scale) in enumerate(zip(
+                 names if names else [""], ips("input_type_train", None), ips("input_layout_train", None),
+                 ips("input_shape", ""), ips("norm_type", "no_preprocess"), ips("mean_value", "None"),
+                 ips("scale_value", "None")))]
+    def runtime(key: str, default: str | None) -> list[str | None]:
+        """Lenient where tuner needs no more: one value given for several inputs applies to each."""
+        values: list[str | None] = list(_split(ip.get(key))) if ip.get(key) is not None else []
+        return values if len(values) == n_inputs else (values * n_inputs if len(values) == 1 else [default] * n_inputs)
+
+    return [_with_runtime(path, spec, rt, space or "regular")
+            for spec, rt, space in zip(specs, runtime("input_type_rt", None), runtime("input_space_and_range", None))]
+
+
+def _with_runtime(path: Path, spec: InputSpec, rt: str | None, space: str) -> InputSpec:
+    """``spec`` with its runtime type, refused where hb_mapper fails (docs/hb_rules/input.md): bt601_video
+    with another type than nv12 (its parser), and a colour conversion in float (rgb/bgr -> yuv444, nv12
+    bt601_video) from integer calibration files (hb's converter adds a float to the uint8 array in place
+    and stops with "Cannot cast ufunc 'add' output from dtype('float64') to dtype('uint8')")."""
+    if space == "bt601_video" and rt != "nv12":
+        raise TunerError(f"{path}: input_parameters.input_space_and_range 'bt601_video' needs input_type_rt "
+                         f"'nv12', not {rt!r}")
+    floats = (rt == "yuv444" and spec.type_train in ("rgb", "bgr")) or (rt == "nv12" and space == "bt601_video")
+    if floats and not spec.preprocess_on and spec.cal_type not in (None, "float32"):
+        what = "input_type_rt 'yuv444'" if rt == "yuv444" else "input_space_and_range 'bt601_video'"
+        raise TunerError(f"{path}: {what} from input_type_train {spec.type_train!r} needs float32 calibration "
+                         f"files (cal_data_type 'float32'), not {spec.cal_type!r}: hb_mapper's colour conversion "
+                         "fails on integer files (\"Cannot cast ufunc 'add' output\")")
+    return replace(spec, type_rt=rt, space_and_range=space)
 
 
 def _input_spec(path: Path, name: str, ttrain: str | None, layout: str | None, shape: str | None, norm: str | None,

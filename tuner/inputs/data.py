@@ -8,6 +8,7 @@ Samples are streamed one at a time; the set is never held in memory.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import numpy as np
 from tuner.errors import TunerError
 from tuner.inputs.config import InputSpec
 from tuner.inputs.images import PreprocessFn, yaml_preprocess
+from tuner.inputs.inputpath import PATH_FORMAT, InputPath, input_path
 
 IMAGE_MAGIC = {b"\xff\xd8\xff": "a JPEG image", b"\x89PNG": "a PNG image", b"BM": "a BMP image",
                b"GIF8": "a GIF image", b"II*\x00": "a TIFF image", b"MM\x00*": "a TIFF image"}
@@ -36,13 +38,21 @@ class InputData:
     scale: np.ndarray | None = None
     channel_axis: int | None = 1     # None: rank < 2, one channel
     images: InputSpec | None = None  # preprocess_on: the folder holds images, read as hb_mapper reads them
+    path: InputPath | None = None    # an image input_type_rt: the board's input path replaces mean/scale
 
     @property
     def channels(self) -> int:
         return self.shape[self.channel_axis] if self.channel_axis is not None else 1
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
-        """What the model sees: HzPreprocess ``(x - mean) * scale`` (the dtype follows ``x``)."""
+        """What the model sees: HzPreprocess ``(x - mean) * scale`` (the dtype follows ``x``); for an
+        image ``input_type_rt``, the whole input path as the board computes it (float32)."""
+        if self.path is not None:
+            return self.path(x)
+        return self.float_normalize(x)
+
+    def float_normalize(self, x: np.ndarray) -> np.ndarray:
+        """``(x - mean) * scale`` in float, as the model was trained (no input path): the reference."""
         if self.mean is not None:
             x = x - self.mean
         if self.scale is not None:
@@ -98,6 +108,8 @@ class DataSet:
         """``evaluation``: the folders are evaluation data (``--data``, a space's eval_data or
         validation_data), not the YAML's cal_data_dir; messages name them so."""
         self.inputs = inputs
+        self.calibration = False     # an input path with float weights, as hb_mapper calibrates (for_calibration)
+        self.hb_reference = False    # float_samples: hb's float model (the input path, float weights), not the ideal
         self._fingerprint: str | None = None
         self.files: list[list[Path]] = []
         kind, where = (("evaluation data folder", "check the folder given with --data, or a space's eval_data / "
@@ -155,6 +167,25 @@ class DataSet:
                              f"in {spec.dtype} needs {expected} bytes{hint}")
 
     def _read(self, spec: InputData, path: Path) -> np.ndarray:
+        if spec.path is not None and self.calibration:
+            return spec.path(self._raw(spec, path), float_weights=True)
+        return spec.normalize(self._raw(spec, path)).astype(np.float32, copy=False)
+
+    def for_calibration(self) -> DataSet:
+        """These samples as hb_mapper's calibration pass sees them: an input path computed with the
+        preprocess node's float weights, not the int8 ones the board runs (the same DataSet without
+        an input path). On PP-OCRv4's detector with nv12 that moves the input's max threshold by 0.24 %
+        (1.6833 against 1.6873), which moves every int8 input value's rounding and its sigmoid map on the
+        text photo (two real models with those two thresholds: output cosine 0.02 between them)."""
+        if not self.has_input_path:
+            return self
+        out = copy.copy(self)
+        out.calibration = True
+        out._fingerprint = None
+        return out
+
+    def _raw(self, spec: InputData, path: Path) -> np.ndarray:
+        """One file as float32, before any normalization."""
         if spec.images is not None:
             arr = self._readers[spec.name](path)
         elif path.suffix == ".npy":
@@ -173,11 +204,39 @@ class DataSet:
         if not np.isfinite(x).all():
             bad = "NaN" if np.isnan(x).any() else "Inf"
             raise TunerError(f"{path}: contains {bad} values; fix the preprocessing that wrote it or remove the file")
-        return spec.normalize(x).astype(np.float32, copy=False)
+        return x
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(self.count):
             yield {spec.name: self._read(spec, files[i]) for spec, files in zip(self.inputs, self.files)}
+
+    @property
+    def has_input_path(self) -> bool:
+        return any(spec.path is not None for spec in self.inputs)
+
+    def float_samples(self) -> Iterator[dict[str, np.ndarray]]:
+        """The samples as the float model was trained on them: mean/scale in float, no input path
+        (the reference the simulated and real outputs are scored against). With ``hb_reference``: as
+        hb_mapper's float model takes them (the input path with float weights), the reference of its
+        log's per-node cosines."""
+        for i in range(self.count):
+            yield {spec.name: (spec.path(self._raw(spec, files[i]), float_weights=True)
+                               if spec.path is not None and self.hb_reference else
+                               spec.float_normalize(self._raw(spec, files[i])).astype(np.float32, copy=False))
+                   for spec, files in zip(self.inputs, self.files)}
+
+    def hb_feeds(self) -> Iterator[dict[str, np.ndarray]]:
+        """The samples as hb_mapper's calibrated and quantized models take them: an image input's
+        runtime values minus 128 in the training layout (what hb's calibration loader gives the
+        HzPreprocess node; the quantized model's int8 input, before its rounding and NHWC transpose),
+        every other input as the float model takes it."""
+        for i in range(self.count):
+            out = {}
+            for spec, files in zip(self.inputs, self.files):
+                x = self._raw(spec, files[i])
+                out[spec.name] = spec.path.feed(x) if spec.path is not None else \
+                    spec.normalize(x).astype(np.float32, copy=False)
+            yield out
 
     def sample_files(self, i: int) -> list[Path]:
         return [files[i] for files in self.files]
@@ -195,6 +254,9 @@ class DataSet:
         h = hashlib.sha256()
         for spec, files in zip(self.inputs, self.files):
             h.update(f"{spec.name}|{spec.dtype}|{spec.shape}|{spec.mean}|{spec.scale}".encode())
+            if spec.path is not None:
+                h.update(f"|cal{self.calibration}".encode())
+                h.update(f"|path{PATH_FORMAT}:{spec.path.type_train}>{spec.path.type_rt}:{spec.path.video}".encode())
             if spec.images is not None:
                 h.update(f"|images:{spec.images.type_train}|{spec.images.layout_train}".encode())
             for path in files[: self.count]:
@@ -254,7 +316,9 @@ def input_data(specs: list[InputSpec], input_shapes: dict[str, tuple[int, ...]],
                                 mean=_per_channel(spec.mean, shape, spec.layout_train),
                                 scale=_per_channel(spec.scale, shape, spec.layout_train),
                                 channel_axis=channel_axis(shape, spec.layout_train),
-                                images=spec if spec.preprocess_on else None))
+                                images=spec if spec.preprocess_on else None,
+                                path=input_path(spec.type_train, spec.type_rt, spec.space_and_range,
+                                                spec.layout_train, shape, spec.mean, spec.scale)))
     return inputs
 
 

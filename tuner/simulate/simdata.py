@@ -41,6 +41,7 @@ class SimData:
         self.stats = stats
         self.thresholds = thresholds or ThresholdMemo(stats)
         self.data: DataSet | Samples = data
+        self.dataset = data       # the files (``data`` may become the samples in memory)
         self.threads = threads  # samples run in parallel (each session single-threaded)
         self.task_metrics = list(task_metrics or [])   # tuner.metrics.task.MetricSpec
         self.labels = labels                           # tuner.metrics.task.LabelSet or None
@@ -63,7 +64,14 @@ class SimData:
         samples: Samples | None = []
         self._labels = [] if labels is not None else None
         room = SAMPLE_CACHE_BYTES
-        for i, (sample, outs) in enumerate(run_samples(float_session, names, data, self.threads, with_inputs=True)):
+        # an image input_type_rt: the reference is the float model on the float mean/scale, the samples
+        # what the board's input path gives (tuner.inputs.inputpath), so the error includes the input path
+        path = data.has_input_path
+        boards = iter(data) if path else None
+        for i, (sample, outs) in enumerate(run_samples(float_session, names, data.float_samples() if path else data,
+                                                        self.threads, with_inputs=True)):
+            if boards is not None:
+                sample = next(boards)
             self.reference.append(dict(zip(names, outs)))
             if samples is not None:
                 room -= sum(v.nbytes for v in sample.values())

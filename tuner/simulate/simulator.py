@@ -161,6 +161,11 @@ class Simulator:
         return self.on.data
 
     @property
+    def dataset(self) -> DataSet:
+        """The evaluation files (``data`` may be the samples read into memory)."""
+        return self.on.dataset
+
+    @property
     def reference(self) -> list[dict[str, np.ndarray]]:
         return self.on.reference
 

@@ -50,6 +50,7 @@ def log_simulator(ws) -> Simulator:
     workspace's calibration statistics and thresholds, so every threshold is the same), of hb's
     calibrated model (int16 that hb drops only at quantization kept: Plan.as_calibrated)."""
     data = dataset_from_config(ws.config.inputs, ws.model.input_shapes, limit=LOG_SAMPLES)
+    data.hb_reference = True      # an input path: the log compares with hb's float model, which includes it
     sim = Simulator(ws.model, ws.target, ws.stats, data, ws.threads, thresholds=ws.thresholds,
                     model_side=ws.model_side())
     sim.calibrated_model = True   # the log's tables are computed on hb's calibrated model

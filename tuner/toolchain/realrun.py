@@ -112,7 +112,9 @@ def measure(tc: Toolchain, conversion: Conversion, sim: Simulator, yaml: str, da
     if missing:
         return RealRun(yaml=yaml, data=data_label, conversion=conversion,
                        error=f"the conversion folder {conversion.folder} lacks {', '.join(missing)}")
-    outs = run_models(tc, paths, sim.data, cache_dir=conversion.root)
+    # an image input_type_rt: hb's models take the runtime colour values minus 128 (docs/hb_rules/input.md)
+    feeds = sim.dataset.hb_feeds() if sim.dataset.has_input_path else sim.data
+    outs = run_models(tc, paths, feeds, cache_dir=conversion.root)
     figures: dict[str, ModelFigures] = {}
     for name, o in zip(models, outs):
         per_output, task, _ = sim.score(o)

@@ -1,0 +1,104 @@
+"""The camera input path (tuner.inputs.inputpath): hb_mapper's HzPreprocess and its runtime conversion,
+applied when the samples are read (docs/hb_rules/input.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from camera_toys import camera_images, write_camera_project
+
+from tuner.errors import TunerError
+from tuner.inputs.config import load_config
+from tuner.inputs.data import dataset_from_config
+from tuner.inputs.inputpath import input_path
+from tuner.inputs.model import load_model
+
+MEAN = (123.675, 116.28, 103.53)
+SCALE = (0.017125, 0.017507, 0.017429)
+SHAPE = (1, 3, 32, 32)
+
+
+def _ideal(x, mean=MEAN, scale=SCALE):
+    return (x - np.reshape(mean, (1, 3, 1, 1))) * np.reshape(scale, (1, 3, 1, 1))
+
+
+def test_nv12_keeps_luma_and_blocks_of_constant_colour():
+    """A picture whose colour is constant on every 2x2 block survives 4:2:0 apart from the uint8
+    truncation of Y/U/V and the int8 weights (a few thousandths after the scale); a colour that changes
+    from pixel to pixel does not."""
+    path = input_path("rgb", "nv12", "regular", "NCHW", SHAPE, MEAN, SCALE)
+    assert path is not None
+    rng = np.random.default_rng(0)
+    blocks = np.repeat(np.repeat(rng.integers(0, 256, (1, 3, 16, 16)), 2, axis=2), 2, axis=3).astype(np.float32)
+    err = np.abs(path(blocks) - _ideal(blocks))
+    assert err.max() < 0.06 and err.mean() < 0.03
+    pixels = rng.integers(0, 256, SHAPE).astype(np.float32)
+    assert np.abs(path(pixels) - _ideal(pixels)).mean() > 3 * err.mean()
+
+
+def test_bgr_training_order_is_the_rgb_path_reversed():
+    rgb = camera_images(1)[0].astype(np.float32)
+    p_rgb = input_path("rgb", "nv12", "regular", "NCHW", SHAPE, MEAN, SCALE)
+    p_bgr = input_path("bgr", "nv12", "regular", "NCHW", SHAPE, MEAN[::-1], SCALE[::-1])
+    assert p_rgb is not None and p_bgr is not None
+    np.testing.assert_allclose(p_bgr(rgb[:, ::-1]), p_rgb(rgb)[:, ::-1], atol=1e-6)
+
+
+@pytest.mark.parametrize("rt", ["rgb", "bgr", "yuv444"])
+def test_full_resolution_paths_lose_only_rounding(rt):
+    """rgb/bgr runtimes only swap and shift by 128; yuv444 converts in float (hb's loader) and back."""
+    x = camera_images(1)[0].astype(np.float32)
+    path = input_path("rgb", rt, "regular", "NCHW", SHAPE, MEAN, SCALE)
+    assert path is not None
+    tol = 1e-5 if rt != "yuv444" else 0.03
+    np.testing.assert_allclose(path(x), _ideal(x), atol=tol)
+
+
+def test_int8_weights_per_output_row():
+    path = input_path("rgb", "nv12", "regular", "NCHW", SHAPE, MEAN, SCALE)
+    assert path is not None
+    steps = np.abs(path.weight).max(axis=1, keepdims=True) / 127
+    q = path.weight_int8 / steps
+    np.testing.assert_allclose(q, np.rint(q), atol=1e-9)
+    assert (np.abs(np.rint(q)).max(axis=1) == 127).all()
+    assert np.abs(path.weight_int8 - path.weight).max() <= steps.max() / 2 + 1e-12
+
+
+def test_nhwc_layout_and_no_path_for_featuremaps():
+    x = camera_images(1)[0].astype(np.float32)
+    nchw = input_path("rgb", "nv12", "regular", "NCHW", SHAPE, MEAN, SCALE)
+    nhwc = input_path("rgb", "nv12", "regular", "NHWC", (1, 32, 32, 3), MEAN, SCALE)
+    assert nchw is not None and nhwc is not None
+    np.testing.assert_allclose(nhwc(x.transpose(0, 2, 3, 1)), nchw(x).transpose(0, 2, 3, 1), atol=1e-6)
+    assert input_path("featuremap", "featuremap", None, "NCHW", SHAPE, None, None) is None
+    assert input_path("rgb", None, None, "NCHW", SHAPE, MEAN, SCALE) is None
+
+
+def test_the_data_set_reads_through_the_path_and_scores_against_float(tmp_path):
+    cfg = load_config(write_camera_project(tmp_path / "p"))
+    model = load_model(cfg.onnx_model)
+    data = dataset_from_config(cfg.inputs, model.input_shapes)
+    assert data.has_input_path
+    raw = camera_images()[0].astype(np.float32)
+    board, ideal = next(iter(data))["data"], next(data.float_samples())["data"]
+    np.testing.assert_allclose(ideal, _ideal(raw), atol=1e-5)
+    assert np.abs(board - ideal).mean() > 0.05                   # the chroma of the noisy toy is lost
+    feed = next(data.hb_feeds())["data"]                          # what hb's models take: YUV - 128
+    assert feed.min() >= -128 and feed.max() <= 127 and np.array_equal(feed, np.rint(feed))
+    cal = data.for_calibration()
+    assert cal.fingerprint() != data.fingerprint()
+    assert 0 < np.abs(next(iter(cal))["data"] - board).max() < 0.05   # float weights: the rounding only
+
+
+def test_refusals_where_hb_mapper_fails(tmp_path):
+    cfg = write_camera_project(tmp_path / "p", type_rt="rgb")
+    text = cfg.read_text()
+    cfg.write_text(text.replace("  norm_type:", "  input_space_and_range: 'bt601_video'\n  norm_type:"))
+    with pytest.raises(TunerError, match="bt601_video' needs input_type_rt 'nv12'"):
+        load_config(cfg)
+    cfg.write_text(text.replace("input_type_rt: 'rgb'", "input_type_rt: 'yuv444'"))
+    with pytest.raises(TunerError, match="needs float32 calibration files"):
+        load_config(cfg)
+    cfg.write_text(text.replace("cal_data_type: 'uint8'", "cal_data_type: 'float32'").replace(
+        "input_type_rt: 'rgb'", "input_type_rt: 'yuv444'"))
+    assert load_config(cfg).inputs[0].type_rt == "yuv444"

@@ -1,0 +1,59 @@
+"""hb_mapper's camera input path against tuner's (issue 26; skipped without the toolchain): the camera toy
+converted at O0 with ``input_type_rt`` nv12 (rgb and bgr training order) and rgb. The preprocess node hb
+inserts carries the weights and bias tuner computes, its int8 weights are tuner's, the quantized model takes
+int8 (NHWC for nv12), and the real quantized model fed hb's runtime values scores as tuner's simulation does."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from camera_toys import write_camera_project
+from onnx import numpy_helper
+
+from tuner.toolchain.fidelity import COSINE_TOL, check_case
+from tuner.workspace import Workspace
+
+
+def _preprocess(path):
+    g = onnx.load(str(path)).graph
+    node = next(n for n in g.node if n.name == "HZ_PREPROCESS_FOR_data")
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    return node, [inits.get(i) for i in node.input[1:3]], g.input[0]
+
+
+def _matrix(w):
+    """hb's weight as a (C, C) matrix: it stores only the diagonal when there is no colour mixing."""
+    w = np.asarray(w, np.float64).ravel()
+    return np.diag(w) if w.size == 3 else w.reshape(3, 3)
+
+
+@pytest.mark.parametrize("rt,train", [("nv12", "rgb"), ("nv12", "bgr"), ("rgb", "rgb")])
+def test_the_input_path_is_hbs(hb_toolchain, tmp_path, rt, train):
+    from tuner.toolchain.hbrun import CompileKnobs, convert
+
+    cfg = write_camera_project(tmp_path / "p", type_rt=rt, type_train=train)
+    ws = Workspace.open(cfg)
+    path = ws.calibration_data.inputs[0].path
+    assert path is not None
+    conv = convert(hb_toolchain, cfg, CompileKnobs(optimize_level="O0"))
+    assert conv.ok, conv.error
+    node, (w, b), _ = _preprocess(conv.model("original_float"))
+    assert node.op_type == "HzPreprocess"
+    np.testing.assert_allclose(_matrix(w), path.weight, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(b, path.bias, rtol=1e-5)     # hb computes it in float32
+    qnode, (wq, _), qin = _preprocess(conv.model("quantized"))
+    assert qnode.op_type == "HzSQuantizedPreprocess"
+    steps = np.abs(path.weight).max(axis=1, keepdims=True) / 127
+    np.testing.assert_allclose(_matrix(wq) * steps, path.weight_int8, atol=1e-9)
+    assert qin.type.tensor_type.elem_type == onnx.TensorProto.INT8
+    if rt == "nv12":
+        assert [d.dim_value for d in qin.type.tensor_type.shape.dim] == [1, 32, 32, 3]
+    result, _ = check_case(hb_toolchain, ws, cfg, "camera", f"{rt}_{train}")
+    assert result.ok, result.error
+    for o in result.outputs:
+        assert abs(o.sim_cosine - o.real_cosine) <= COSINE_TOL, o
+    assert result.threshold_pairs > 0 and not result.threshold_off, result.threshold_off
+    assert not result.dtype_off
+    if rt == "nv12":     # the toy's pixel-level chroma is lost by 4:2:0: a visible loss, reproduced
+        assert result.outputs[0].real_cosine < 0.9

@@ -1,0 +1,176 @@
+"""The camera input path hb_mapper builds for an image input, simulated on the data side.
+
+For an image input (``input_type_rt`` nv12 / yuv444 / rgb / bgr / gray) hb_mapper puts a
+``HZ_PREPROCESS_FOR_<input>`` node in front of the network (docs/hb_rules/input.md, measured on toys
+at O0 with hmct 1.1.0). Its input is the runtime colour format minus 128, as int8; it computes, per
+output channel (the training colour order), ``W[o] . v + b[o]`` where ``W`` folds the runtime ->
+training colour matrix and ``scale_value``, and ``b`` folds the 128 offsets and ``mean_value``. The
+quantized model runs ``W`` as int8, one threshold per output row (``max |W[o]|``), and quantizes the
+result like any activation (its threshold calibrated as the model input's would be).
+
+So the whole path is a pure function of one sample, and tuner applies it when reading the samples
+(:class:`tuner.inputs.data.DataSet`): the simulated network (its first tensor quantized as usual) sees
+what the BPU's first layer sees; the model side does not change.
+
+* :func:`runtime_values` -- a training-format sample (0..255, ``input_type_train`` order and layout)
+  as hb's calibration loader gives it to the model, minus 128: for nv12 BT.601 full range (the coefficients of
+  horizon_tc_ui/data/transformer.py), truncated to uint8 as hb's ``RGB2NV12Transformer`` does,
+  chroma kept at the top-left pixel of every 2x2 block and repeated back (its
+  ``NV12ToYUV444Transformer``, nearest); for rgb <-> bgr the channels swapped.
+* :class:`InputPath` -- the preprocess node: ``W`` and ``b`` exactly as hb writes them into
+  ``*_original_float_model.onnx`` (measured: nv12 from rgb with mean/scale gives
+  ``W[R] = scale_R * (1, 0, 1.4017)``, ``b[R] = scale_R * (128 - mean_R)``), ``W`` int8-quantized per row
+  as in ``*_quantized_model.onnx`` (nv12 rgb: rows (91, 0, 127), (127, -44, -91), (72, 127, 0)).
+
+hb calibrates the preprocess output with the float ``W`` (the toy's max threshold 3.98759 equals the
+float path's max to 6 digits; with the int8 ``W`` it would be 3.99243, +0.12 %), and its calibrated and
+quantized models run the int8 ``W`` (the calibrated model's preprocess output equals :class:`InputPath`'s
+to 4e-7 on PP-OCRv4's detector): tuner's statistics read the samples with the float ``W``
+(:meth:`tuner.inputs.data.DataSet.for_calibration`), its evaluation with the int8 one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Part of the data fingerprint (tuner.inputs.data): a change of the arithmetic below invalidates
+#: statistics cached on the old one.
+PATH_FORMAT = 2
+
+#: YUV -> RGB the preprocess node applies to (Y - 128, U - 128, V - 128), rows R, G, B, and the constant
+#: term, read back from ``HZ_PREPROCESS_FOR_data_weight`` / ``_bias`` of toys converted with
+#: ``norm_type: data_mean`` (regular) and data_mean_and_scale with ``bt601_video`` (divided by the scale).
+YUV2RGB_FULL = np.array([[1.0, 0.0, 1.4017], [1.0, -0.3437, -0.7142], [1.0, 1.7722, 0.0]])
+YUV2RGB_VIDEO = np.array([[1.164, 0.0, 1.596], [1.164, -0.391, -0.813], [1.164, 2.018, 0.0]])
+CONST_FULL = 128.0              # R = (Y' + 128) + 1.4017 V'
+CONST_VIDEO = 1.164 * 112.0     # R = 1.164 (Y' + 128 - 16) + 1.596 V'
+
+#: (input_type_train, input_type_rt) pairs hb_mapper converts (horizon_tc_ui/helper.py's
+#: get_raw_transformer; any other pair it only shifts by -128, with a warning).
+PAIRS = {(t, r) for t in ("rgb", "bgr") for r in ("nv12", "yuv444", "rgb", "bgr")} | {
+    ("yuv444", "yuv444"), ("yuv444", "nv12"), ("gray", "gray")}
+
+SWAP = np.array([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])   # RGB <-> BGR
+
+
+def _channels_first(x: np.ndarray, axis: int) -> np.ndarray:
+    return np.moveaxis(np.asarray(x, dtype=np.float64), axis, 1)
+
+
+def _to_uint8(x: np.ndarray) -> np.ndarray:
+    """numpy's ``astype(np.uint8)`` of values in 0..255.5 (truncation), as hb's RGB2NV12Transformer writes NV12."""
+    return np.clip(np.trunc(x), 0.0, 255.0)
+
+
+def _subsample_420(c: np.ndarray) -> np.ndarray:
+    """4:2:0 chroma of a (..., H, W) plane: the top-left pixel of every 2x2 block, repeated back (nearest)."""
+    h, w = c.shape[-2:]
+    small = c[..., ::2, ::2]
+    return np.repeat(np.repeat(small, 2, axis=-2), 2, axis=-1)[..., :h, :w]
+
+
+@dataclass(frozen=True)
+class InputPath:
+    """The preprocess node of one image input: ``W`` (out x in) and ``b`` as hb_mapper builds them.
+
+    ``type_train`` / ``type_rt`` / ``video`` name the colour conversion; ``channel_axis`` is the
+    training layout's (1 for NCHW, 3 for NHWC)."""
+
+    type_train: str
+    type_rt: str
+    video: bool
+    channel_axis: int
+    weight: np.ndarray        # float, (C_train, C_rt): scale folded in
+    bias: np.ndarray          # float, (C_train,)
+
+    @property
+    def weight_int8(self) -> np.ndarray:
+        """``W`` as the quantized model holds it: int8 per output row, threshold ``max |row|``."""
+        t = np.abs(self.weight).max(axis=1, keepdims=True)
+        step = np.where(t > 0, t / 127.0, 1.0)
+        return np.clip(np.rint(self.weight / step), -127, 127) * step
+
+    def runtime_values(self, x: np.ndarray) -> np.ndarray:
+        """The board's input for training-format sample ``x`` (channels first), minus 128."""
+        return runtime_values(x, self.type_train, self.type_rt, self.video, self.channel_axis)
+
+    def feed(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`runtime_values` in the training layout, float32: the calibrated model's input."""
+        return np.moveaxis(self.runtime_values(x), 1, self.channel_axis).astype(np.float32)
+
+    def __call__(self, x: np.ndarray, float_weights: bool = False) -> np.ndarray:
+        """What the network's first layer sees for training-format sample ``x`` (float32, same layout);
+        ``float_weights``: with ``W`` in float, as hb's calibration pass computes it."""
+        v = self.runtime_values(x)
+        w = self.weight if float_weights else self.weight_int8
+        y = np.einsum("oc,nc...->no...", w, v) + self.bias.reshape((1, -1) + (1,) * (v.ndim - 2))
+        return np.moveaxis(y, 1, self.channel_axis).astype(np.float32)
+
+
+def runtime_values(x: np.ndarray, type_train: str, type_rt: str, video: bool, channel_axis: int) -> np.ndarray:
+    """Training-format sample ``x`` (0..255) as hb_mapper's calibration loader turns it into the
+    ``type_rt`` input, minus 128, channels first (float64): horizon_tc_ui/helper.py's
+    get_raw_transformer, which its tools use to feed the models too. Only nv12 from rgb/bgr (regular
+    range) goes through NV12 bytes (uint8, 4:2:0); yuv444 from rgb/bgr and nv12 ``bt601_video`` are
+    converted in float at full resolution, yuv444 -> nv12 is only shifted. A board fed real NV12
+    frames subsamples the chroma in those three cases too: not simulated (the thresholds would no
+    longer be hb's: nv12 from yuv444 with 4:2:0 puts conv2's max 2 % off on the toy)."""
+    c = _channels_first(x, channel_axis)
+    if type_rt == type_train:
+        return c - 128.0
+    if type_train in ("rgb", "bgr") and type_rt in ("rgb", "bgr"):
+        return c[:, ::-1] - 128.0
+    if type_train in ("rgb", "bgr"):
+        r, g, b = (c[:, 0], c[:, 1], c[:, 2]) if type_train == "rgb" else (c[:, 2], c[:, 1], c[:, 0])
+        # term by term in float64, in hb's order: truncation is exact to the last bit (a grey pixel's Y
+        # is 0.299 r + 0.587 r + 0.114 r, one ulp either side of r)
+        if video:
+            yuv = np.stack([0.257 * r + 0.504 * g + 0.098 * b + 16, -0.148 * r - 0.291 * g + 0.439 * b + 128,
+                            0.439 * r - 0.368 * g - 0.071 * b + 128], axis=1)
+        else:
+            yuv = np.stack([0.299 * r + 0.587 * g + 0.114 * b, -0.169 * r - 0.331 * g + 0.5 * b + 128,
+                            0.5 * r - 0.419 * g - 0.081 * b + 128], axis=1)
+        if type_rt == "nv12" and not video:      # only this one goes through NV12 bytes
+            yuv = _to_uint8(yuv)
+            yuv = np.concatenate([yuv[:, :1], _subsample_420(yuv[:, 1:])], axis=1)
+        return yuv - 128.0
+    if type_train == "yuv444":                   # yuv444 -> nv12: shifted only, no 4:2:0
+        return c - 128.0
+    raise ValueError(f"no input path from input_type_train {type_train!r} to input_type_rt {type_rt!r}")
+
+
+def _colour_matrix(type_train: str, type_rt: str, video: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(A, c): training colour = A . (runtime - 128) + c, rows in the training order."""
+    n = 1 if type_train == "gray" else 3
+    if type_rt in ("nv12", "yuv444") and type_train in ("rgb", "bgr"):
+        a, const = (YUV2RGB_VIDEO, CONST_VIDEO) if video else (YUV2RGB_FULL, CONST_FULL)
+        a = a if type_train == "rgb" else a[::-1]
+        return a, np.full(3, const)
+    if type_train in ("rgb", "bgr") and type_rt in ("rgb", "bgr") and type_rt != type_train:
+        return SWAP, np.full(3, 128.0)
+    return np.eye(n), np.full(n, 128.0)
+
+
+def input_path(type_train: str, type_rt: str | None, space_and_range: str | None, layout_train: str,
+               shape: tuple[int, ...], mean: tuple[float, ...] | None,
+               scale: tuple[float, ...] | None) -> InputPath | None:
+    """The preprocess node hb_mapper inserts for this input, or None (featuremap, or not 4-D).
+
+    Every image runtime type gets one, even rgb -> rgb with ``no_preprocess`` (``W = 1``, ``b = 128``:
+    the int8 input plus 128), so the runtime's int8 input is always the colour value minus 128."""
+    if type_rt is None or (type_train, type_rt) not in PAIRS or len(shape) != 4:
+        return None
+    video = type_rt == "nv12" and space_and_range == "bt601_video"
+    axis = 1 if layout_train == "NCHW" else 3
+    a, const = _colour_matrix(type_train, type_rt, video)
+    n = a.shape[0]
+    if shape[axis] != n:
+        return None
+    m = np.zeros(n) if mean is None else np.broadcast_to(np.asarray(mean, np.float64), (n,))
+    s = np.ones(n) if scale is None else np.broadcast_to(np.asarray(scale, np.float64), (n,))
+    weight = (s[:, None] * a).astype(np.float32).astype(np.float64)    # hb stores them as float32
+    bias = (s * (const - m)).astype(np.float32).astype(np.float64)
+    return InputPath(type_train=type_train, type_rt=type_rt, video=video, channel_axis=axis,
+                     weight=weight, bias=bias)
