@@ -88,6 +88,11 @@ NV12_CASES = (
 )
 
 
+#: The detector with an rgb or bgr runtime input (NHWC uint8 from the camera; data_mean_and_scale): one
+#: configuration each, the input path being what differs from ``ppocr_nv12``.
+CAMERA_CASES = (Case("max"),)
+
+
 def example_project(root: Path) -> tuple[Path, list[Path]]:
     """(the base YAML, the evaluation folders) of the example, data written into ``root``."""
     cfg = write_example_project(root, n_cal=32, n_eval=16)
@@ -105,6 +110,17 @@ def ppocr_nv12_project(root: Path) -> tuple[Path, list[Path]]:
     return write_ppocr_camera_project(root, "nv12"), [root / "cal"]
 
 
+def ppocr_rgb_project(root: Path) -> tuple[Path, list[Path]]:
+    """The detector with ``input_type_rt: rgb`` (NHWC) from its BGR training type: hb's preprocess swaps the
+    channels and applies mean/scale in int8."""
+    return write_ppocr_camera_project(root, "rgb"), [root / "cal"]
+
+
+def ppocr_bgr_project(root: Path) -> tuple[Path, list[Path]]:
+    """The detector with ``input_type_rt: bgr`` (NHWC): mean/scale alone in hb's preprocess."""
+    return write_ppocr_camera_project(root, "bgr"), [root / "cal"]
+
+
 def cls_project(root: Path) -> tuple[Path, list[Path]]:
     """The classifier: 16 calibration strips, the 112 labelled strips (56 upright, 56 turned) to score on."""
     cfg, _ = write_cls_project(root)
@@ -112,7 +128,8 @@ def cls_project(root: Path) -> tuple[Path, list[Path]]:
 
 
 MODELS = {"segdepth": (example_project, EXAMPLE_CASES), "ppocr_det": (ppocr_project, PPOCR_CASES),
-          "ppocr_cls": (cls_project, CLS_CASES), "ppocr_nv12": (ppocr_nv12_project, NV12_CASES)}
+          "ppocr_cls": (cls_project, CLS_CASES), "ppocr_nv12": (ppocr_nv12_project, NV12_CASES),
+          "ppocr_rgb": (ppocr_rgb_project, CAMERA_CASES), "ppocr_bgr": (ppocr_bgr_project, CAMERA_CASES)}
 #: Evaluation samples per model (16 unless listed). The classifier's output cosine is decided by its few
 #: strips near the decision boundary, where hb's integer kernels and any float simulation part ways (its
 #: calibrated model, computed in float, is as far from its quantized one there as tuner is): on 16 of the
