@@ -1,6 +1,7 @@
 """tuner's simulation against the real hb_mapper toolchain (issue 22's fidelity suite).
 
-    python benchmarks/fidelity.py [--models segdepth,ppocr_det,ppocr_cls,ppocr_nv12,ppocr_rgb,ppocr_bgr] [--out results/benchmarks/fidelity.md]
+    python benchmarks/fidelity.py [--models segdepth,ppocr_det,ppocr_cls,ppocr_nv12,ppocr_rgb,ppocr_bgr]
+                                  [--out results/benchmarks/fidelity.md]
 
 Needs the real toolchain (``tuner toolchain install``) and, for the PP-OCR models, rapidocr-onnxruntime
 (see the README's test command). For every configuration of ``tests/fidelity_suite.py`` it converts

@@ -108,6 +108,11 @@ def same_outcome(a: TrialRecord, b: TrialRecord) -> bool:
             and dict(a.task) == dict(b.task))
 
 
+def no_worse(a: TrialRecord, b: TrialRecord) -> bool:
+    """Whether ``a`` is at least as accurate and at most as slow as ``b`` (to the printed figures)."""
+    return (round(a.accuracy, 6) >= round(b.accuracy, 6) and round(a.latency_ms, 3) <= round(b.latency_ms, 3))
+
+
 def convert_lines(paths: StudyPaths, study_name: str, found: Outcome, simplest: Simplest | None,
                   toolchain: bool) -> list[str]:
     """The end of a search: the one file to convert and the next command (``toolchain``: the real
@@ -126,6 +131,13 @@ def convert_lines(paths: StudyPaths, study_name: str, found: Outcome, simplest: 
             why = (f"best_minimal.yaml has the same outcome as best.yaml (accuracy {t.minimal.accuracy:.6f}, "
                    f"{t.minimal.latency_ms:.3f} ms) with {len(t.removed)} fewer change(s) to the base YAML: "
                    "convert it, best.yaml is the same result")
+        elif no_worse(t.minimal, t.start):
+            target = paths.best_minimal
+            why = (f"best_minimal.yaml is as good as best.yaml with {len(t.removed)} fewer change(s) to the base "
+                   f"YAML: accuracy {t.minimal.accuracy:.6f} against {t.start.accuracy:.6f}, "
+                   f"{t.minimal.latency_ms:.3f} ms against {t.start.latency_ms:.3f} ms"
+                   + ("; simulated on the evaluation data only, best.yaml was checked on held-out data"
+                      if found.validations else ""))
         else:
             why = (f"trial {best.number}; best_minimal.yaml is the trimmed alternative (accuracy "
                    f"{t.minimal.accuracy:.6f}, {t.minimal.latency_ms:.3f} ms"
