@@ -2,7 +2,8 @@
 
 Each check reads what the streaming pass (:mod:`tuner.inputs.datascan`) accumulated and returns its
 :class:`Finding` s: per input, the channel rules of :data:`CHANNEL_RULES` (constant channels,
-unnormalized pixels, double normalization, channel ranges one int8 scale cannot serve); over the
+unnormalized pixels, double normalization, files in the other layout, a hint of swapped colour order,
+channel ranges one int8 scale cannot serve); over the
 whole set, :func:`count_mismatch`, :func:`duplicates` and :func:`few_samples`. The
 sample-count rule is explained in :mod:`tuner.inputs.checks`.
 """
