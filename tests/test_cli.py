@@ -248,3 +248,22 @@ def test_eval_on_unnormalized_pixel_data_points_at_check_data(tiny_project):
     assert f"tuner check-data {tiny_project}" in hints[0]
     as_json = tuner("eval", tiny_project, "--no-nodes", "--json")
     assert json.loads(as_json.stdout) and "tuner check-data" in as_json.stderr
+
+
+def test_eval_splits_a_camera_inputs_loss_and_a_featuremap_gets_none(tmp_path, tiny_project):
+    from camera_toys import write_camera_project
+
+    cfg = write_camera_project(tmp_path / "cam")
+    r = run("eval", cfg, "--json", "--no-nodes")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    split = data["loss_split"]
+    assert set(split) == {"input_path", "network", "both"}
+    assert all(set(p) == {"outputs", "task"} and {"cosine", "sqnr_db"} <= set(p["outputs"]["out"])
+               for p in split.values())
+    assert split["both"]["outputs"] == data["outputs"]
+    assert split["input_path"]["outputs"]["out"]["cosine"] < 0.8 < 0.999 < split["network"]["outputs"]["out"]["cosine"]
+    text = run("eval", cfg, "--no-nodes")
+    assert text.returncode == 0 and "loss split" in text.stdout and "network alone" in text.stdout
+    plain = run("eval", tiny_project, "--json", "--no-nodes")
+    assert plain.returncode == 0 and "loss_split" not in json.loads(plain.stdout)

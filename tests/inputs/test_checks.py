@@ -212,7 +212,8 @@ def test_double_normalization(tmp_path):
                                       mean="123.675 116.28 103.53", scale="0.01712475 0.017507 0.01742919"))
     (f,) = by_code(report, "double_normalization")
     assert "the files look already normalized" in f.message
-    assert "write raw 0..255 pixels or set norm_type: no_preprocess" in f.message
+    # input_type_rt rgb: the board feeds pixels whatever the norm type, so the fix is the pixels
+    assert "input_type_rt is rgb" in f.message and "write the pixels before mean/scale" in f.message
     assert report.exit_code() == 1
 
 

@@ -102,3 +102,36 @@ def test_refusals_where_hb_mapper_fails(tmp_path):
     cfg.write_text(text.replace("cal_data_type: 'uint8'", "cal_data_type: 'float32'").replace(
         "input_type_rt: 'rgb'", "input_type_rt: 'yuv444'"))
     assert load_config(cfg).inputs[0].type_rt == "yuv444"
+
+
+def test_the_loss_split_puts_the_toys_loss_on_its_input_path(tmp_path):
+    """The toy's colour noise is per pixel, so 4:2:0 alone costs about a quarter of the output cosine
+    (the float model fed the path's values: ~0.74) while the quantized network against the float one on
+    those same values keeps ~0.9999; the whole is the outputs' own figure. The network alone is scored
+    against the per-node table's reference (the float model on the path values): its output row agrees."""
+    from tuner.workspace import Workspace
+
+    ws = Workspace.open(write_camera_project(tmp_path / "p"))
+    sim = ws.simulator
+    ev = sim.evaluate(ws.base_candidate(), per_node=True, split=True)
+    path, net = ev.split["input_path"]["outputs"]["out"], ev.split["network"]["outputs"]["out"]
+    assert 0.70 < path["cosine"] < 0.78 and net["cosine"] > 0.9995
+    assert abs(ev.outputs["out"]["cosine"] - path["cosine"]) < 0.005
+    assert net["sqnr_db"] > 30 > 5 > path["sqnr_db"]
+    row = next(r for r in ev.nodes if r.name == "conv2")
+    assert abs(row.cosine - net["cosine"]) < 1e-6
+    first = sim.on.path_split()
+    assert sim.evaluate(ws.base_candidate(), split=True).split["input_path"]["outputs"] == ev.split["input_path"]["outputs"]
+    assert sim.on.path_split() is first                                  # one float pass per data set
+    assert sim.evaluate(ws.base_candidate()).split is None               # only when asked for
+
+
+def test_no_split_without_an_input_path(tmp_path):
+    from tuner.workspace import Workspace
+
+    cfg = write_camera_project(tmp_path / "p", norm="no_preprocess")
+    text = cfg.read_text().replace("input_type_rt: 'nv12'", "input_type_rt: 'featuremap'\n  input_layout_rt: 'NCHW'")
+    cfg.write_text(text.replace("input_type_train: 'rgb'", "input_type_train: 'featuremap'"))
+    ws = Workspace.open(cfg)
+    assert ws.simulator.on.path_split() is None
+    assert ws.simulator.evaluate(ws.base_candidate(), split=True).split is None

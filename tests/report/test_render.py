@@ -91,3 +91,19 @@ def test_the_simplest_fix_section_and_the_front_table_columns():
     assert "plan" not in headers and "miou:seg" in headers and cells[0][0] == "*0"
     assert cells[0][headers.index("miou:seg")] == "0.7500"
     assert front_table(rows, None)[0][-1] == "plan"
+
+
+def test_the_report_shows_the_loss_split_of_a_camera_input(tmp_path):
+    """A trace evaluated on data with an input path carries the split (Trace.from_evaluation of a real
+    simulation of the camera toy), and the page shows it; traces without one show no section."""
+    from camera_toys import write_camera_project
+
+    from tuner.workspace import Workspace
+
+    ws = Workspace.open(write_camera_project(tmp_path / "cam"))
+    ev = ws.simulator.evaluate(ws.base_candidate(), per_node=True, split=True)
+    tr = Trace.from_evaluation("trial 1 (exported)", 1, ev)
+    assert tr.split is not None and tr.split["out"]["both"]["cosine"] == ev.outputs["out"]["cosine"]
+    page = render(snapshot(traces=[tr]))
+    assert "Input path and network" in page and f"{tr.split['out']['input_path']['cosine']:.6f}" in page
+    assert "Input path and network" not in render(snapshot(traces=[Trace("t", 1, tr.nodes)]))

@@ -61,13 +61,16 @@ def check_data(args: argparse.Namespace) -> int:
 
 
 def make_cal_data(args: argparse.Namespace) -> int:
-    from tuner.inputs.preprocess import make_cal_data
+    from tuner.inputs.preprocess import camera_note, make_cal_data
 
     written = make_cal_data(args.config, Path(args.images), args.preprocess, Path(args.out), limit=args.limit,
                             overwrite=args.force)
     for path in written:
         print(f"wrote {path}")
     print(f"{len(written)} calibration file(s) in {args.out}; point calibration_parameters.cal_data_dir at it")
+    note = camera_note(args.config)
+    if note:
+        print(note)
     return 0
 
 

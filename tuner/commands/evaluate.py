@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                                              ws.first_sample())
     if args.trace and args.no_nodes:
         raise TunerError("--trace shows the per-node values that --no-nodes skips; use one of them")
-    ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes)
+    ev = ws.simulator.evaluate(ws.base_candidate(), per_node=not args.no_nodes, split=True)
     cost = cost_model(ws, args.board)
     lat = cost.latency(ev.plan)
     info = _info(ws, ev, lat, cost, t_stats)
@@ -175,6 +175,10 @@ def _print_text(ws: Any, ev: Any, lat: Any, cost: Any, info: dict[str, Any], t_s
         print(merge)
     print()
     print(text.output_table(ev))
+    split = text.split_table(ev)
+    if split:
+        print()
+        print(split)
     print(f"\nmean output cosine {ev.mean_cosine:.6f}  ({ev.seconds:.2f} s)")
 
 

@@ -2,7 +2,8 @@
 
 Each check reads what the streaming pass (:mod:`tuner.inputs.datascan`) accumulated and returns its
 :class:`Finding` s: per input, the channel rules of :data:`CHANNEL_RULES` (constant channels,
-unnormalized pixels, double normalization, channel ranges one int8 scale cannot serve); over the
+unnormalized pixels, double normalization, files in the other layout, a hint of swapped colour order,
+channel ranges one int8 scale cannot serve); over the
 whole set, :func:`count_mismatch`, :func:`duplicates` and :func:`few_samples`. The
 sample-count rule is explained in :mod:`tuner.inputs.checks`.
 """
@@ -32,6 +33,18 @@ PIXEL_MIN_MAX = 2.0           # raw max above this, integer-valued, >= 0: looks 
 NEAR_DUPLICATE_RMS = 0.005    # RMS difference of the coarse signatures, in units of channel range
 NEAR_DUPLICATE_POINTS_RMS = 0.01   # ... and of the values at the fixed points
 IMAGE_TYPES = ("rgb", "bgr", "yuv444", "gray")
+CAMERA_TYPES = ("nv12", "yuv444", "rgb", "bgr", "gray")   # input_type_rt with an input path (inputpath.py)
+#: Layout: the mean |difference| of values 1 apart in file order over that of values C apart. A planar
+#: (NCHW) file of a photo has neighbouring pixels 1 apart (ratio 0.35..0.67 on nine scikit-image colour
+#: photos), an interleaved (NHWC) one a pixel's other channels (0.90 on the dark, nearly grey Hubble field;
+#: 2.9..80 on the other eight). Beyond these limits the files' layout is named; between them nothing.
+INTERLEAVED_RATIO = 1.5
+PLANAR_RATIO = 0.75
+#: Channel order: natural photos have a higher mean red than blue more often than not (ImageNet's means
+#: 123.7 red, 103.5 blue; 7 of 9 scikit-image colour photos, the rocket against a blue sky the exception),
+#: so a data set whose declared blue channel's mean exceeds its red one's by this many 0..255 levels is
+#: a hint to check input_type_train, never more (a set of sky or sea photos is blue).
+SWAP_MEAN_GAP = 10.0
 MAX_LISTED = 5                # files/pairs named in one aggregated message
 
 
@@ -146,18 +159,72 @@ def unnormalized_featuremap(seen: InputSeen) -> list[Finding]:
 
 
 def double_normalization(seen: InputSeen) -> list[Finding]:
-    """Files that look already normalized (small, not integers) while the YAML normalizes again."""
+    """Files that look already normalized (small, not integers) while the YAML normalizes again; for an
+    image ``input_type_rt`` whatever the norm type: hb_mapper's loader reads the files as 0..255 pixels
+    of ``input_type_train`` and turns them into the board's input (docs/hb_rules/input.md §2), so
+    normalized values become a nearly black picture."""
     acc, spec, name = seen.acc, seen.spec, seen.name
     raw_lo, raw_hi = float(acc.raw_min.min()), float(acc.raw_max.max())
-    if not (spec.norm_type != "no_preprocess" and max(abs(raw_lo), abs(raw_hi)) <= NORMALIZED_LIMIT
+    camera = spec.type_rt in CAMERA_TYPES
+    if not ((spec.norm_type != "no_preprocess" or camera) and max(abs(raw_lo), abs(raw_hi)) <= NORMALIZED_LIMIT
             and not bool(acc.raw_int.all())):
         return []
     seen_lo, seen_hi = float(acc.min.min()), float(acc.max.max())
+    if camera:
+        return [Finding(WARNING, "double_normalization", name, None,
+                        f"input {name!r}: the files look already normalized (raw {raw_lo:.3g}..{raw_hi:.3g}, not "
+                        f"integers), but input_type_rt is {spec.type_rt}: hb_mapper reads the files as 0..255 "
+                        f"{spec.type_train} pixels and converts them to the board's {spec.type_rt} input, and the "
+                        f"mean/scale are the YAML's (norm_type {spec.norm_type}; the network sees "
+                        f"{seen_lo:.3g}..{seen_hi:.3g}): write the pixels before mean/scale ('tuner make-cal-data')")]
     return [Finding(WARNING, "double_normalization", name, None,
                     f"input {name!r}: the files look already normalized (raw {raw_lo:.3g}..{raw_hi:.3g}, not "
                     f"integers) and the YAML normalizes again (HzPreprocess, norm_type {spec.norm_type}; the "
                     f"model sees {seen_lo:.3g}..{seen_hi:.3g}): write raw 0..255 pixels or set "
                     "norm_type: no_preprocess")]
+
+
+def layout_mismatch(seen: InputSeen) -> list[Finding]:
+    """Files in the other layout than ``input_layout_train`` (same size, so the size check passes): a
+    photo's values 1 apart in file order are neighbouring pixels when planar (NCHW), a pixel's other
+    channels when interleaved (NHWC); the ratio of their mean differences (INTERLEAVED_RATIO,
+    PLANAR_RATIO) names the layout the files are in."""
+    acc, spec, name = seen.acc, seen.spec, seen.name
+    if not acc.steps or acc.step_c <= 0 or len(spec.shape or ()) != 4:
+        return []
+    ratio = acc.step_one / acc.step_c
+    found = "NHWC" if ratio > INTERLEAVED_RATIO else "NCHW" if ratio < PLANAR_RATIO else None
+    if found is None or found == spec.layout_train:
+        return []
+    c = len(acc.sum)
+    how = "interleaved: each pixel's channels side by side" if found == "NHWC" else "planar: one channel after another"
+    return [Finding(WARNING, "layout_mismatch", name, None,
+                    f"input {name!r}: the files look {found} ({how}; values 1 apart differ {ratio:.2f}x as much as "
+                    f"values {c} apart, over {acc.steps} files) but input_layout_train is {spec.layout_train}: "
+                    f"hb_mapper reads them as {spec.layout_train}, so each 'channel' mixes pixels; write them "
+                    f"{spec.layout_train} (numpy: x.transpose({'0, 3, 1, 2' if found == 'NHWC' else '0, 2, 3, 1'})) "
+                    "or set input_layout_train")]
+
+
+def channel_order(seen: InputSeen) -> list[Finding]:
+    """A hint that the files may hold the other colour order than ``input_type_train`` (rgb/bgr): the
+    declared blue channel's mean over the set exceeds the red one's by SWAP_MEAN_GAP levels, as is rare in
+    natural photos (not impossible: an info, not a warning). Integer 0..255 files only."""
+    acc, spec, name = seen.acc, seen.spec, seen.name
+    if spec.type_train not in ("rgb", "bgr") or len(acc.sum) != 3 or not acc.n or not bool(acc.raw_int.all()) \
+            or float(acc.raw_max.max()) > 255 or float(acc.raw_min.min()) < 0:
+        return []
+    means = [float(m) for m in acc.raw_sum / acc.n]
+    r, b = (means[0], means[2]) if spec.type_train == "rgb" else (means[2], means[0])
+    if b - r <= SWAP_MEAN_GAP:
+        return []
+    other = "bgr" if spec.type_train == "rgb" else "rgb"
+    return [Finding(INFO, "channel_order", name, None,
+                    f"input {name!r}: read as {spec.type_train}, the mean blue ({b:.1f}) exceeds the mean red "
+                    f"({r:.1f}) by {b - r:.1f}; natural photos have more red than blue on average (ImageNet "
+                    f"123.7 / 103.5), so the files may be {other} (OpenCV's imread gives BGR): if so, write "
+                    f"{spec.type_train} or set input_type_train: '{other}' (a set of sky or sea photos can "
+                    "be this blue: then ignore this)")]
 
 
 def range_ratio(seen: InputSeen) -> list[Finding]:
@@ -168,7 +235,8 @@ def range_ratio(seen: InputSeen) -> list[Finding]:
 
 #: The per-input checks, in the order their findings are listed.
 CHANNEL_RULES: tuple[Callable[[InputSeen], list[Finding]], ...] = (
-    constant_channels, unnormalized_image, unnormalized_featuremap, double_normalization, range_ratio)
+    constant_channels, unnormalized_image, unnormalized_featuremap, double_normalization, layout_mismatch,
+    channel_order, range_ratio)
 
 
 def channel_findings(seen: InputSeen) -> list[Finding]:

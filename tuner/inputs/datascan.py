@@ -32,14 +32,29 @@ class ChannelAcc:
         self.min, self.max = np.full(channels, np.inf), np.full(channels, -np.inf)
         self.raw_min, self.raw_max = np.full(channels, np.inf), np.full(channels, -np.inf)
         self.raw_int = np.ones(channels, bool)       # every raw value integer-valued so far
+        self.raw_sum = z()                           # of the raw values (datarules.channel_order)
         self.nan = np.zeros(channels, np.int64)
         self.inf = np.zeros(channels, np.int64)
+        # the files' layout (datarules.layout_mismatch): mean |b[i+1] - b[i]| and |b[i+C] - b[i]| over each
+        # file's values in file order, C the channel count
+        self.step_one = self.step_c = 0.0
+        self.steps = 0
+
+    def add_steps(self, flat: np.ndarray) -> None:
+        """One file's values in file order: neighbours 1 and C apart (C > 1)."""
+        c = len(self.sum)
+        if c < 2 or flat.size <= c:
+            return
+        self.step_one += float(np.abs(np.diff(flat)).mean())
+        self.step_c += float(np.abs(flat[c:] - flat[:-c]).mean())
+        self.steps += 1
 
     def add(self, raw: np.ndarray, seen: np.ndarray) -> None:
         """``raw``/``seen``: [C, M] float64, finite."""
         self.n += seen.shape[1]
         self.sum += seen.sum(axis=1)
         self.sumsq += np.einsum("ij,ij->i", seen, seen)
+        self.raw_sum += raw.sum(axis=1)
         self.zeros += (seen == 0).sum(axis=1)
         np.minimum(self.min, seen.min(axis=1), out=self.min)
         np.maximum(self.max, seen.max(axis=1), out=self.max)
@@ -191,6 +206,8 @@ def scan_samples(inputs: list[InputData], files: list[list[Path]], paired: int, 
                 continue
             seenc = _channels_first(np.asarray(data.normalize(raw), np.float64), data.channel_axis)
             accs[k].add(rawc, seenc.reshape(channels[k], -1))
+            if data.images is None and raw.ndim == 4:   # images are read in the YAML's layout
+                accs[k].add_steps(raw.reshape(-1))
             pieces.append(_signature(seenc))
             sizes[k] = (pieces[-1][0].size, pieces[-1][1].size)
             digest.update(np.ascontiguousarray(raw).tobytes())

@@ -167,6 +167,40 @@ def _to_dtype(x: np.ndarray, dtype: str, image: Path, label: str, source: str) -
 
 # --------------------------------------------------------------------------- make-cal-data
 
+def _check_pixels(x: np.ndarray, image: Path, label: str, type_train: str, type_rt: str) -> None:
+    """An image ``input_type_rt``: hb_mapper's loader reads each file as 0..255 ``input_type_train``
+    pixels and converts them to the board's input (nv12 through uint8 bytes, where values outside
+    0..255 wrap round; docs/hb_rules/input.md §2), the mean/scale being the YAML's: a preprocessing that
+    returns anything else (normalized values) makes wrong calibration data, so it stops here."""
+    lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    if lo < 0 or hi > 255:
+        raise TunerError(f"preprocessing {label!r} returned values {lo:.4g}..{hi:.4g} for {image}, but input_type_rt "
+                         f"is {type_rt!r}: hb_mapper reads the calibration files as 0..255 {type_train} pixels (it "
+                         f"converts them to {type_rt} itself and applies the YAML's mean/scale): return the pixels "
+                         "before any normalization")
+
+
+def camera_note(config_path: str | Path) -> str | None:
+    """What hb_mapper does with the files make-cal-data writes for an image ``input_type_rt`` (None for
+    a featuremap): the files stay the training format, the conversion is hb's (docs/hb_rules/input.md)."""
+    config = load_config(config_path)
+    spec = config.inputs[0] if len(config.inputs) == 1 else None
+    if spec is None or spec.type_rt in (None, "featuremap"):
+        return None
+    rt = spec.type_rt
+    if rt == "nv12" and spec.type_train in ("rgb", "bgr") and spec.space_and_range != "bt601_video":
+        how = "to NV12 bytes (BT.601 full range, chroma of each 2x2 block's top-left pixel)"
+    elif rt == "nv12" and spec.type_train in ("rgb", "bgr"):
+        how = "to video-range YUV in float (float32 files: the conversion fails on integer ones)"
+    elif rt == "yuv444" and spec.type_train in ("rgb", "bgr"):
+        how = "to YUV in float (float32 files: the conversion fails on integer ones)"
+    elif {rt, spec.type_train} == {"rgb", "bgr"}:
+        how = "by swapping the channels"
+    else:
+        how = "by shifting them by -128 only"
+    return (f"input_type_rt {rt}: the files hold {spec.type_train} pixels 0..255 in {spec.layout_train} (the training "
+            f"format, before mean/scale); hb_mapper converts them {how} before calibrating")
+
 def _safe_stem(path: Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", path.stem).strip("._") or "image"
 
@@ -212,7 +246,10 @@ def make_cal_data(config_path: str | Path, images: str | Path, preprocess: str |
     written: list[Path] = []
     try:
         for image, target in zip(files, targets):
-            arr = _to_dtype(fn(image), data.dtype, image, label, source)
+            x = fn(image)
+            if data.path is not None:
+                _check_pixels(x, image, label, data.path.type_train, data.path.type_rt)
+            arr = _to_dtype(x, data.dtype, image, label, source)
             existed = target.exists()
             write_atomic(target, arr.tobytes())   # its temporary file is hidden: never read as a sample
             written.append(target)

@@ -287,6 +287,20 @@ def verification_html(real: dict[int, RealRecord]) -> str:
                   {2, 3, 4, 5, 6, 7, 8}) + "".join(details)
 
 
+def split_html(traces: list[Trace]) -> str:
+    """The loss split of the traced candidates (Trace.split), one table; "" when none has one."""
+    rows = []
+    for tr in traces:
+        for out, parts in (tr.split or {}).items():
+            rows.append([tr.label, out] + [f"{parts[k][m]:.6f}" if m == "cosine" else f"{parts[k][m]:.2f}"
+                                           for k in ("input_path", "network", "both") for m in ("cosine", "sqnr_db")])
+    if not rows:
+        return ""
+    heads = ["candidate", "output"] + [f"{m} ({k})" for k in ("input path alone", "network alone", "both")
+                                       for m in ("cosine", "SQNR dB")]
+    return _table(heads, rows, set(range(2, 8)))
+
+
 def _fig_html(fig, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True})
@@ -353,6 +367,14 @@ def render(snap: ReportSnapshot) -> str:
         page.section("Accumulated error along the graph", page.plot(trace_figure, "trace", snap.traces),
                      "Per-node output cosine against the float model, in topological order. Where the curve jumps, "
                      "error enters; dotted lines mark CPU/BPU switches of the first curve.")
+    split = split_html(snap.traces)
+    if split:
+        page.section("Input path and network", split,
+                     "The YAML's input_type_rt puts the board's input path (colour conversion, 4:2:0 chroma, int8 "
+                     "preprocess weights) in front of the network. Per output: the float model fed the path's values "
+                     "against the float model on the float mean/scale (the input path alone), the quantized network "
+                     "against the float one on the path's values (the network alone), and both (the trial's figure). "
+                     "A loss the input path explains cannot be won back by quantization settings.")
     if best is not None:
         _chosen(page, best)
     if snap.best_yaml is not None:

@@ -81,6 +81,39 @@ def output_table(ev: Evaluation) -> str:
     return table(["Output", "Cosine Similarity", "SQNR (dB)", "Chebyshev (max abs)", "L1", "L2"], rows)
 
 
+#: The parts of the loss split of an image input_type_rt (Evaluation.split), in the order shown.
+SPLIT_PARTS = (("input_path", "input path alone"), ("network", "network alone"), ("both", "both"))
+
+
+def split_dict(ev: Evaluation) -> dict[str, dict[str, Any]] | None:
+    """The loss split with the whole (``both``: the outputs' own figures), or None (no input path)."""
+    if ev.split is None:
+        return None
+    return {**ev.split, "both": {"outputs": ev.outputs, "task": ev.task}}
+
+
+def split_table(ev: Evaluation) -> str:
+    """Per output, the cosine and SQNR of the input path alone, the network alone and both, then the task
+    metrics the same way; "" without an input path."""
+    parts = split_dict(ev)
+    if parts is None:
+        return ""
+    heads = ["Output"]
+    for _, label in SPLIT_PARTS:
+        heads += [f"Cosine ({label})", f"SQNR dB ({label})"]
+    rows = []
+    for name in ev.outputs:
+        row = [name]
+        for key, _ in SPLIT_PARTS:
+            m = parts[key]["outputs"][name]
+            row += [_fmt(m["cosine"]), _fmt(m["sqnr_db"], 2)]
+        rows.append(row)
+    for metric in ev.task:
+        rows.append([metric] + [c for key, _ in SPLIT_PARTS for c in (_fmt(parts[key]["task"].get(metric)), "")])
+    return ("loss split (the input path alone: the float model fed the board's path values; the network alone: "
+            "the quantized network against the float one on those values)\n" + table(heads, rows))
+
+
 def summary_line(ev: Evaluation) -> str:
     c = ev.counts()
     bpu = sum(1 for p in ev.plan.placement.values() if p == "BPU")
@@ -139,6 +172,10 @@ def evaluation_dict(ev: Evaluation, extra: dict[str, Any] | None = None) -> dict
         "notes": ev.notes,
         "seconds": ev.seconds,
     })
+    parts = split_dict(ev)
+    if parts is not None:
+        out["loss_split"] = {k: {"outputs": {o: {m: clean(v) for m, v in d.items()} for o, d in p["outputs"].items()},
+                                 "task": {m: clean(v) for m, v in p["task"].items()}} for k, p in parts.items()}
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,18 @@ from tuner.simulate.calibrate import DEFAULT_SEARCH_SAMPLES
 SAMPLE_CACHE_BYTES = 512 * 2**20
 
 Samples = list[dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class InputPathSplit:
+    """The input path alone (SimData.path_split): per output metrics and task metrics of the float model
+    fed the path's values against the float model on float mean/scale; ``reference`` its outputs per
+    sample (what the network alone is scored against), ``ref_sq`` their square sums."""
+
+    outputs: dict[str, dict[str, float]]
+    task: dict[str, float]
+    reference: Samples
+    ref_sq: list[dict[str, float]]
 
 
 class SimData:
@@ -48,6 +61,7 @@ class SimData:
         self.user_fns = load_user_metrics(self.task_metrics, user_base)
         self.calibration_data = calibration_data
         self._search: tuple[Samples, Samples] | None = None   # (samples, float outputs) of the method searches
+        self._path: InputPathSplit | None = None    # the input path alone (path_split), computed once
         t0 = time.perf_counter()
         self.reference: Samples = []
         self._labels: Samples | None = None
@@ -85,6 +99,28 @@ class SimData:
                     samples = self._labels = None
         if samples is not None:
             self.data = samples
+
+    @property
+    def has_input_path(self) -> bool:
+        return self.dataset.has_input_path
+
+    def path_split(self) -> InputPathSplit | None:
+        """The input path alone, for data with an image ``input_type_rt`` (None otherwise): the float
+        model fed what the board's path gives (colour conversion, 4:2:0, int8 preprocess weights),
+        scored against the float model on the float mean/scale (``reference``). Its outputs are the
+        reference of "the network alone" (the quantized network against the float one fed the same
+        path values: today's per-node reference). One float pass, the first time it is asked for
+        (``tuner eval`` and the report; a search never calls it)."""
+        if not self.has_input_path:
+            return None
+        if self._path is None:
+            session = make_session(self.model.proto)
+            names = self.model.output_names
+            outs = [dict(zip(names, o)) for o in run_samples(session, names, self.data, self.threads)]
+            metrics, task, _ = self.score(outs)
+            self._path = InputPathSplit(outputs=metrics, task=task, reference=outs,
+                                        ref_sq=[{o: Similarity.square_sum(v) for o, v in r.items()} for r in outs])
+        return self._path
 
     def ref_sq(self, i: int, output: str) -> float:
         """Sample ``i``'s reference square sum at ``output`` (computed once)."""

@@ -81,6 +81,8 @@ class Evaluation:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     samples: list[dict[str, dict[str, float]]] = field(default_factory=list)  # per sample, like outputs (per_sample)
+    # split=True on data with an image input_type_rt: "input_path" / "network", each {"outputs", "task"}
+    split: dict[str, dict[str, Any]] | None = None
 
     @property
     def mean_cosine(self) -> float:
@@ -303,12 +305,17 @@ class Simulator:
                 else without_real_rules(plan, calibration.real)
         return plan
 
-    def evaluate(self, candidate: Candidate, per_node: bool = False, per_sample: bool = False) -> Evaluation:
+    def evaluate(self, candidate: Candidate, per_node: bool = False, per_sample: bool = False,
+                 split: bool = False) -> Evaluation:
         """``per_sample``: also each sample's output figures (``Evaluation.samples``), for the
-        worst case next to the pooled mean."""
+        worst case next to the pooled mean. ``split``: for data with an image ``input_type_rt``, the
+        loss split into the input path alone and the network alone (``Evaluation.split``; the outputs
+        stay the two together); nothing for other data. Its cost is one float pass per data set
+        (SimData.path_split) and one more comparison per output: eval and the report ask for it, a
+        search does not."""
         t0 = time.perf_counter()
         calibration, notes = self.resolve(candidate)
-        ev = self._run(candidate, calibration, per_node, per_sample)
+        ev = self._run(candidate, calibration, per_node, per_sample, split)
         self.thresholds.flush()
         ev.notes = notes + ev.plan.notes
         ev.seconds = time.perf_counter() - t0
@@ -342,7 +349,7 @@ class Simulator:
         return session
 
     def _run(self, candidate: Candidate, calibration: Resolved, per_node: bool,
-             per_sample: bool = False) -> Evaluation:
+             per_sample: bool = False, split: bool = False) -> Evaluation:
         plan = self.plan(candidate, calibration)
         extra = [n.outputs[0] for n in self.graph
                  if n.outputs and self.graph.is_activation(n.outputs[0])] if per_node else []
@@ -356,6 +363,9 @@ class Simulator:
         node_sims = {t: Similarity() for t in extra}
         task = self.on.task_score()
         samples: list[dict[str, dict[str, float]]] = []
+        path = self.on.path_split() if split else None
+        net_sims = {o: Similarity() for o in outputs}
+        net_task = self.on.task_score() if path is not None else None
         if per_node:
             float_nodes = self.side.float_nodes(tuple(extra), bool(plan.softmax))
             refs = run_samples(float_nodes, extra, self.data, self.threads)
@@ -373,6 +383,11 @@ class Simulator:
                 samples.append({o: s.as_dict() for o, s in one.items()})
             if task is not None:
                 task.update(self.reference[i], {o: values[o] for o in outputs}, self.on.label(i))
+            if path is not None:   # the network alone: against the float model fed the same path values
+                for o in outputs:
+                    net_sims[o].update(path.reference[i][o], values[o], path.ref_sq[i][o])
+                if net_task is not None:
+                    net_task.update(path.reference[i], {o: values[o] for o in outputs}, self.on.label(i))
             if per_node:
                 ref = dict(zip(extra, next(refs)))
                 for t in extra:
@@ -382,6 +397,10 @@ class Simulator:
                         task=task.results() if task is not None else {}, samples=samples)
         if per_node:
             ev.nodes = self._rows(plan, calibration, node_sims)
+        if path is not None:
+            ev.split = {"input_path": {"outputs": path.outputs, "task": path.task},
+                        "network": {"outputs": {o: s.as_dict() for o, s in net_sims.items()},
+                                    "task": net_task.results() if net_task is not None else {}}}
         return ev
 
     def score(self, outputs: list[dict[str, np.ndarray]]

@@ -225,11 +225,18 @@ class Trace:
     label: str
     trial: int | None
     nodes: list[dict[str, Any]]     # name, op_type, on, subgraph, cosine
+    # an image input_type_rt: output -> {"input_path", "network", "both"} -> {"cosine", "sqnr_db"}
+    split: dict[str, dict[str, dict[str, float]]] | None = None
 
     @classmethod
     def from_evaluation(cls, label: str, trial: int | None, ev: Evaluation) -> Trace:
+        split = None
+        if ev.split is not None:
+            parts = {**ev.split, "both": {"outputs": ev.outputs}}
+            split = {o: {k: {m: p["outputs"][o][m] for m in ("cosine", "sqnr_db")} for k, p in parts.items()}
+                     for o in ev.outputs}
         return cls(label, trial, [{"name": r.name, "op_type": r.op_type, "on": r.on, "subgraph": r.subgraph,
-                                   "cosine": r.cosine} for r in ev.nodes])
+                                   "cosine": r.cosine} for r in ev.nodes], split)
 
 
 # --------------------------------------------------------------------------- the simplest fix

@@ -168,12 +168,13 @@ class Scorer:
 
     # ------------------------------------------------------------------ other views of a candidate
     def per_node(self, cand: Candidate, evaluate: bool = True) -> Evaluation | None:
-        """The candidate evaluated with every node's output (the report's traces), kept; without
+        """The candidate evaluated with every node's output (the report's traces) and, for an image
+        ``input_type_rt``, the loss split (Simulator.evaluate), kept; without
         ``evaluate`` only one already kept (None otherwise)."""
         key = cand.key()
         e = self._cache.get(key, Entry())
         if e.per_node is None and evaluate:
-            e = replace(e, per_node=self.ws.simulator.evaluate(cand, per_node=True))
+            e = replace(e, per_node=self.ws.simulator.evaluate(cand, per_node=True, split=True))
             self._cache[key] = e
         return e.per_node
 
