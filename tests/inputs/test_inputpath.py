@@ -104,6 +104,21 @@ def test_refusals_where_hb_mapper_fails(tmp_path):
     assert load_config(cfg).inputs[0].type_rt == "yuv444"
 
 
+@pytest.mark.parametrize("rt", ["rgb", "bgr", "yuv444", "gray", "featuremap"])
+def test_input_layout_rt_is_required_but_for_nv12(tmp_path, rt):
+    """hb_mapper's parser (horizon_tc_ui/config/mapper_conf_parser.py): without input_layout_rt, every
+    input_type_rt but nv12 stops the conversion ("Input_layout_rt missing")."""
+    cfg = write_camera_project(tmp_path / "p", type_rt="rgb")
+    text = cfg.read_text()
+    assert "input_layout_rt" in text
+    no_layout = "\n".join(line for line in text.splitlines() if "input_layout_rt" not in line) + "\n"
+    cfg.write_text(no_layout.replace("input_type_rt: 'rgb'", f"input_type_rt: '{rt}'"))
+    with pytest.raises(TunerError, match="input_layout_rt is missing"):
+        load_config(cfg)
+    cfg.write_text(no_layout.replace("input_type_rt: 'rgb'", "input_type_rt: 'nv12'"))
+    assert load_config(cfg).inputs[0].type_rt == "nv12"
+
+
 def test_the_loss_split_puts_the_toys_loss_on_its_input_path(tmp_path):
     """The toy's colour noise is per pixel, so 4:2:0 alone costs about a quarter of the output cosine
     (the float model fed the path's values: ~0.74) while the quantized network against the float one on
