@@ -61,11 +61,13 @@ def _completed(journal: Path) -> list[int]:
     return [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
 
 
-def test_a_search_that_fills_the_disk_ends_with_one_line_and_the_rerun_continues(small_disk):
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_search_that_fills_the_disk_ends_with_one_line_and_the_rerun_continues(small_disk, jobs):
+    """With ``--jobs 2`` the worker processes write the journal: the parent ends with the same line."""
     space = write_tiny_space(small_disk)
     results = small_disk / "results"
     journal = results / "tiny" / "study.journal"
-    proc = start_tuner("search", space, "--results-dir", results, "--n-trials", 5000)
+    proc = start_tuner("search", space, "--results-dir", results, "--n-trials", 5000, "--jobs", jobs)
     t0 = time.monotonic()
     while not (journal.is_file() and journal.read_bytes().count(b'"state":1') >= 10):   # 10 trials completed
         assert proc.poll() is None, proc.communicate()

@@ -337,16 +337,30 @@ def work(search: StudySession, study: optuna.Study, n_trials: int, timeout: floa
         fail_own_running(study)
 
 
-def _worker(spec: dict[str, Any]) -> None:
+#: A worker process's exit code when a write failed for lack of space (errno ENOSPC); the one line
+#: it would print goes to the parent through a queue, and the parent prints it once.
+DISK_FULL_EXIT = 28
+
+
+def _worker(spec: dict[str, Any], errors: Any = None) -> None:
     install_stop_handlers()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        search = StudySession.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"], spec["threads"],
-                                   quiet=True, heartbeat=spec["heartbeat"], max_retry=spec["max_retry"])
-        study = search.study(spec["seed"], create=False)
-    except KeyboardInterrupt:
-        return
-    work(search, study, spec["n_trials"], spec["timeout"])
+        try:
+            search = StudySession.open(spec["space"], spec["name"], spec["storage"], spec["results_dir"],
+                                       spec["threads"], quiet=True, heartbeat=spec["heartbeat"],
+                                       max_retry=spec["max_retry"])
+            study = search.study(spec["seed"], create=False)
+        except KeyboardInterrupt:
+            return
+        work(search, study, spec["n_trials"], spec["timeout"])
+    except Exception as exc:
+        cause = disk_full_cause(exc)
+        if cause is None:
+            raise
+        if errors is not None:
+            errors.put(str(cause))
+        sys.exit(DISK_FULL_EXIT)
 
 
 def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeout: float | None, jobs: int,
@@ -360,13 +374,14 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
     threads = search.problem.ws.threads or max(1, cores // jobs)
     place = search.place
     ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()        # a worker's one line about a full disk
     procs = []
     for i in range(jobs):
         spec = {"space": str(search.problem.space.path), "name": place.name, "storage": place.storage_url,
                 "results_dir": str(place.paths.root.parent), "threads": threads,
                 "seed": None if seed is None else seed + i, "n_trials": n_trials, "timeout": timeout,
                 "heartbeat": place.heartbeat, "max_retry": place.max_retry}
-        p = ctx.Process(target=_worker, args=(spec,), daemon=False)
+        p = ctx.Process(target=_worker, args=(spec, errors), daemon=False)
         p.start()
         procs.append(p)
     orphans: list[int] = []
@@ -389,7 +404,8 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
         while any(p.is_alive() for p in procs):
             time.sleep(0.5)
             reap_children()
-            if STOP.is_set() and not forwarded:
+            full = any(p.exitcode == DISK_FULL_EXIT for p in procs)
+            if (STOP.is_set() or full) and not forwarded:
                 forwarded = True
                 for p in procs:
                     if p.is_alive():
@@ -412,5 +428,9 @@ def _run_workers(search: StudySession, study: optuna.Study, n_trials: int, timeo
         raise
     for p in procs:
         p.join()
+    if any(p.exitcode == DISK_FULL_EXIT for p in procs):
+        raise DiskFull(errors.get() if not errors.empty() else
+                       f"a worker could not write in {place.paths.root}: the disk is full; free some space "
+                       "there (or write elsewhere), then run the same command again")
     reap_children()
     return orphans
