@@ -28,3 +28,17 @@ def near_tie_histogram(seed: int) -> np.ndarray:
     h[lone] += rng.integers(1, 3, size=lone.size)
     h[1023] += 1
     return h
+
+
+def spike_histogram(n: int, tail: list[tuple[int, int]], spikes: int = 1, first: float | None = None) -> np.ndarray:
+    """A designed probe (section 1b, session 31): ``spikes`` spikes at bins 10, 17, 24, ... (7 apart,
+    so no Q level of a candidate >= 128 holds two and the bulk adds no divergence) sharing ``n``
+    values (equally, or ``first`` of them in the first spike and the rest equally), the ``tail``
+    (bin, count) values and the max at 1023: the search's divergences come from the tail alone."""
+    w = np.ones(spikes) if first is None else np.r_[first, np.full(spikes - 1, (1 - first) / max(spikes - 1, 1))]
+    h = np.zeros(1024, np.int64)
+    h[7 * np.arange(1, spikes + 1) + 3] = np.floor(n * w / w.sum()).astype(np.int64)
+    for b, c in tail:
+        h[b] += c
+    h[1023] += 1
+    return h
