@@ -31,7 +31,7 @@ def near_tie_histogram(seed: int) -> np.ndarray:
 
 
 def spike_histogram(n: int, tail: list[tuple[int, int]], spikes: int = 1, first: float | None = None) -> np.ndarray:
-    """A designed probe (section 1b, session 31): ``spikes`` spikes at bins 10, 17, 24, ... (7 apart,
+    """A designed probe (section 1b, session 29): ``spikes`` spikes at bins 10, 17, 24, ... (7 apart,
     so no Q level of a candidate >= 128 holds two and the bulk adds no divergence) sharing ``n``
     values (equally, or ``first`` of them in the first spike and the rest equally), the ``tail``
     (bin, count) values and the max at 1023: the search's divergences come from the tail alone."""

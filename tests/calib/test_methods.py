@@ -403,7 +403,7 @@ def test_kl_bin_on_near_tie_histograms_the_kernel_picked():
 
 
 def test_kl_bin_on_designed_spike_probes_the_kernel_picked():
-    """200 designed probes (section 1b, session 31): spikes 7 bins apart (no divergence from the bulk)
+    """200 designed probes (section 1b, session 29): spikes 7 bins apart (no divergence from the bulk)
     and lone tail values, n from 1e4 to 1.6e7. tuner picks the kernel's bin on 127. The misses: four
     lone values from n = 3.5e5 on (plateau gaps 0.27/n to 0.71/n), one lone value with one spike
     holding (nearly) all values from n = 3.4e6 on (gap ~10 x tail/n, > 5e-6), unequal spikes at
