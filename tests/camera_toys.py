@@ -48,7 +48,7 @@ def camera_images(n: int = 8, channels: int = 3, size: int = 32) -> list[np.ndar
 
 
 def write_camera_project(root: Path, type_rt: str = "nv12", type_train: str = "rgb",
-                         norm: str = "data_mean_and_scale") -> Path:
+                         norm: str = "data_mean_and_scale", mean: str = MEAN, scale: str = SCALE) -> Path:
     """camera.onnx, cal/NNNN.bin (uint8 RGB NCHW) and hb_config.yaml in ``root``; the YAML's path."""
     root.mkdir(parents=True, exist_ok=True)
     onnx.save(camera_model(), str(root / "camera.onnx"))
@@ -63,9 +63,9 @@ def write_camera_project(root: Path, type_rt: str = "nv12", type_train: str = "r
         lines.append("  input_layout_rt: 'NHWC'")
     lines += ["  input_shape: '1x3x32x32'", f"  norm_type: '{norm}'"]
     if "mean" in norm:
-        lines.append(f"  mean_value: '{MEAN}'")
+        lines.append(f"  mean_value: '{mean}'")
     if "scale" in norm:
-        lines.append(f"  scale_value: '{SCALE}'")
+        lines.append(f"  scale_value: '{scale}'")
     lines += ["calibration_parameters:", "  cal_data_dir: 'cal'", "  cal_data_type: 'uint8'",
               "  calibration_type: 'max'", "compiler_parameters:", "  optimize_level: 'O0'", "  core_num: 1", ""]
     cfg = root / "hb_config.yaml"

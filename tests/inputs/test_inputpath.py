@@ -46,12 +46,14 @@ def test_bgr_training_order_is_the_rgb_path_reversed():
 
 @pytest.mark.parametrize("rt", ["rgb", "bgr", "yuv444"])
 def test_full_resolution_paths_lose_only_rounding(rt):
-    """rgb/bgr runtimes only swap and shift by 128; yuv444 converts in float (hb's loader) and back."""
+    """rgb/bgr runtimes only swap and shift by 128, their bias rounded to whole weight steps (at most half a
+    step, scale / 254); yuv444 converts in float (hb's loader) and back."""
     x = camera_images(1)[0].astype(np.float32)
     path = input_path("rgb", rt, "regular", "NCHW", SHAPE, MEAN, SCALE)
     assert path is not None
-    tol = 1e-5 if rt != "yuv444" else 0.03
+    tol = max(SCALE) / 254 + 1e-6 if rt != "yuv444" else 0.03
     np.testing.assert_allclose(path(x), _ideal(x), atol=tol)
+    np.testing.assert_allclose(path(x, float_weights=True), _ideal(x), atol=1e-5 if rt != "yuv444" else 0.03)
 
 
 def test_int8_weights_per_output_row():
@@ -62,6 +64,30 @@ def test_int8_weights_per_output_row():
     np.testing.assert_allclose(q, np.rint(q), atol=1e-9)
     assert (np.abs(np.rint(q)).max(axis=1) == 127).all()
     assert np.abs(path.weight_int8 - path.weight).max() <= steps.max() / 2 + 1e-12
+
+
+def test_the_bias_is_rounded_to_weight_steps_ties_away_from_zero():
+    """The camera toy hb_mapper converted with scale 127/128 (weight step 1/128): b / step = 190.5, -63.5, 63.5
+    became 191, -64, 64 in its quantized bias (docs/hb_rules/input.md); the float bias stays for calibration."""
+    path = input_path("rgb", "rgb", None, "NCHW", SHAPE, (126.5, 128.5, 127.5), (127 / 128,) * 3)
+    assert path is not None
+    np.testing.assert_allclose(path.bias * 128, [190.5, -63.5, 63.5])
+    np.testing.assert_array_equal(path.bias_int * 128, [191, -64, 64])
+    x = np.full((1, 3, 2, 2), 128.0)             # runtime input 0: the output is the bias alone
+    np.testing.assert_allclose(path(x)[0, :, 0, 0], [191 / 128, -64 / 128, 64 / 128], rtol=1e-6)
+    np.testing.assert_allclose(path(x, float_weights=True)[0, :, 0, 0], path.bias, rtol=1e-6)
+
+
+def test_ppocr_pixel_128_lands_one_output_step_up():
+    """PP-OCRv4 through rgb (mean 127.5, scale 1/127.5): b = 63.5 weight steps, 64 in hb's quantized model, so
+    the pixel value 128 is just above half an output step (threshold 1.0) and rounds to 1, as the real
+    preprocess output has it; the float bias leaves it just below (0)."""
+    path = input_path("bgr", "rgb", None, "NCHW", SHAPE, (127.5,) * 3, (1 / 127.5,) * 3)
+    assert path is not None
+    x = np.full((1, 3, 1, 1), 128.0)
+    ostep = 1.0 / 127
+    assert np.rint(path(x)[0, 0, 0, 0] / ostep) == 1
+    assert np.rint(path(x, float_weights=True)[0, 0, 0, 0] / ostep) == 0
 
 
 def test_nhwc_layout_and_no_path_for_featuremaps():

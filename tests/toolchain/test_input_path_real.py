@@ -22,6 +22,13 @@ def _preprocess(path):
     return node, [inits.get(i) for i in node.input[1:3]], g.input[0]
 
 
+def _output_threshold(path):
+    """The calibrated model's threshold on the preprocess output."""
+    g = onnx.load(str(path)).graph
+    node = next(n for n in g.node if n.op_type == "HzCalibration" and list(n.input) == ["HZ_PREPROCESS_FOR_data"])
+    return next(a.floats[0] for a in node.attribute if a.name == "thresholds")
+
+
 def _matrix(w):
     """hb's weight as a (C, C) matrix: it stores only the diagonal when there is no colour mixing."""
     w = np.asarray(w, np.float64).ravel()
@@ -42,10 +49,13 @@ def test_the_input_path_is_hbs(hb_toolchain, tmp_path, rt, train):
     assert node.op_type == "HzPreprocess"
     np.testing.assert_allclose(_matrix(w), path.weight, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(b, path.bias, rtol=1e-5)     # hb computes it in float32
-    qnode, (wq, _), qin = _preprocess(conv.model("quantized"))
+    qnode, (wq, bq), qin = _preprocess(conv.model("quantized"))
     assert qnode.op_type == "HzSQuantizedPreprocess"
     steps = np.abs(path.weight).max(axis=1, keepdims=True) / 127
     np.testing.assert_allclose(_matrix(wq) * steps, path.weight_int8, atol=1e-9)
+    # the int32 bias: tuner's bias in whole weight steps plus half an output step, rounded on its own
+    half = np.rint(0.5 * _output_threshold(conv.model("calibrated")) / 127 / steps[:, 0])
+    np.testing.assert_array_equal(bq, np.rint(path.bias_int / steps[:, 0]) + half)
     assert qin.type.tensor_type.elem_type == onnx.TensorProto.INT8
     if rt == "nv12":
         assert [d.dim_value for d in qin.type.tensor_type.shape.dim] == [1, 32, 32, 3]
@@ -57,3 +67,21 @@ def test_the_input_path_is_hbs(hb_toolchain, tmp_path, rt, train):
     assert not result.dtype_off
     if rt == "nv12":     # the toy's pixel-level chroma is lost by 4:2:0: a visible loss, reproduced
         assert result.outputs[0].real_cosine < 0.9
+
+
+def test_the_bias_ties_round_away_from_zero(hb_toolchain, tmp_path):
+    """Scale 127/128 makes the weight step 1/128, and means 126.5 / 128.5 / 127.5 put ``b`` on 190.5 / -63.5 /
+    63.5 steps: hb's int32 bias is 191 / -64 / 64 plus half an output step (half to even would give 190,
+    half up -63)."""
+    from tuner.toolchain.hbrun import CompileKnobs, convert
+
+    cfg = write_camera_project(tmp_path / "p", type_rt="rgb", mean="126.5 128.5 127.5", scale=" ".join(["0.9921875"] * 3))
+    path = Workspace.open(cfg).calibration_data.inputs[0].path
+    assert path is not None
+    np.testing.assert_allclose(path.bias * 128, [190.5, -63.5, 63.5])
+    conv = convert(hb_toolchain, cfg, CompileKnobs(optimize_level="O0"))
+    assert conv.ok, conv.error
+    _, (_, bq), _ = _preprocess(conv.model("quantized"))
+    half = np.rint(0.5 * _output_threshold(conv.model("calibrated")) / 127 * 128)
+    np.testing.assert_array_equal(bq - half, [191, -64, 64])
+    np.testing.assert_array_equal(path.bias_int * 128, [191, -64, 64])

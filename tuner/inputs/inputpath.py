@@ -25,8 +25,10 @@ what the BPU's first layer sees; the model side does not change.
 hb calibrates the preprocess output with the float ``W`` (the toy's max threshold 3.98759 equals the
 float path's max to 6 digits; with the int8 ``W`` it would be 3.99243, +0.12 %), and its calibrated and
 quantized models run the int8 ``W`` (the calibrated model's preprocess output equals :class:`InputPath`'s
-to 4e-7 on PP-OCRv4's detector): tuner's statistics read the samples with the float ``W``
-(:meth:`tuner.inputs.data.DataSet.for_calibration`), its evaluation with the int8 one.
+with the float ``b`` to 4e-7 on PP-OCRv4's detector); the quantized model also rounds ``b`` to whole
+weight steps, the calibrated one does not: tuner's statistics read the samples with the float ``W`` and ``b``
+(:meth:`tuner.inputs.data.DataSet.for_calibration`), its evaluation with the int8 ``W`` and the bias in
+whole weight steps, as the quantized model adds it (:attr:`InputPath.bias_int`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 
 #: Part of the data fingerprint (tuner.inputs.data): a change of the arithmetic below invalidates
 #: statistics cached on the old one.
-PATH_FORMAT = 2
+PATH_FORMAT = 3
 
 #: YUV -> RGB the preprocess node applies to (Y - 128, U - 128, V - 128), rows R, G, B, and the constant
 #: term, read back from ``HZ_PREPROCESS_FOR_data_weight`` / ``_bias`` of toys converted with
@@ -53,6 +55,13 @@ PAIRS = {(t, r) for t in ("rgb", "bgr") for r in ("nv12", "yuv444", "rgb", "bgr"
     ("yuv444", "yuv444"), ("yuv444", "nv12"), ("gray", "gray")}
 
 SWAP = np.array([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])   # RGB <-> BGR
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """Round to the nearest integer, ties away from zero (190.5 -> 191, -63.5 -> -64): how hb rounds the
+    preprocess bias to weight steps (:attr:`InputPath.bias_int`)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
 
 
 def _channels_first(x: np.ndarray, axis: int) -> np.ndarray:
@@ -86,11 +95,39 @@ class InputPath:
     bias: np.ndarray          # float, (C_train,)
 
     @property
+    def _weight_steps(self) -> np.ndarray:
+        """The int8 weight step of each output row, ``max |W[o]| / 127`` (1 for an all-zero row)."""
+        t = np.abs(self.weight).max(axis=1)
+        return np.where(t > 0, t / 127.0, 1.0)
+
+    @property
     def weight_int8(self) -> np.ndarray:
         """``W`` as the quantized model holds it: int8 per output row, threshold ``max |row|``."""
-        t = np.abs(self.weight).max(axis=1, keepdims=True)
-        step = np.where(t > 0, t / 127.0, 1.0)
+        step = self._weight_steps[:, None]
         return np.clip(np.rint(self.weight / step), -127, 127) * step
+
+    @property
+    def bias_int(self) -> np.ndarray:
+        """``b`` as the quantized model adds it: a whole number of weight steps, ties away from zero.
+
+        ``HzSQuantizedPreprocess`` computes ``clip((W_int8 . x + B + H) * M >> n)``: ``B`` = ``b`` in
+        weight steps rounded half away from zero, ``H`` = half an output step in weight steps rounded on
+        its own, ``M / 2^n`` = weight step / output step with ``M`` in [2^14, 2^15). Read back from the nine
+        conversions in the test cache (camera toy, PP-OCRv4 nv12 / rgb / bgr) and exact on every int8 input
+        (PP-OCRv4 rgb: all 256 values; nv12: 245760 random pixels). Toy rgb -> rgb, scale 127/128
+        (weight step 1/128), means 126.5 / 128.5 / 127.5: ``b / step`` = 190.5 / -63.5 / 63.5, ``H`` 64.25
+        -> 64, stored 255 / 0 / 128 (half to even would give 254, half up 1, one rounding of the sum 1 / 127).
+
+        ``B`` is a property of the YAML and is simulated here; ``H`` and ``M / 2^n`` depend on the output
+        threshold (each trial's calibration), so their rounding is not. PP-OCRv4 through rgb (mean 127.5,
+        scale 1/127.5): ``b / step`` = 63.5 -> 64, so the pixel value 128 (input 0) comes out as one output
+        step where the calibrated model (float ``b``) gives 0; feeding the real quantized model input -1
+        there instead (which it maps to 0) takes its output cosine from 0.9722 to 0.9750 (calibrated
+        0.9785). Over 200 thresholds (0.7..1 x the max) the float ``b`` misses the real integer on 1699
+        (nv12) / 3848 (rgb) per million values and ``B`` on 1235 / 1935; at a given threshold ``H``'s
+        rounding may undo it (PP-OCRv4 nv12 max: 767 -> 999 of 737280)."""
+        step = self._weight_steps
+        return round_half_away(self.bias / step) * step
 
     def runtime_values(self, x: np.ndarray) -> np.ndarray:
         """The board's input for training-format sample ``x`` (channels first), minus 128."""
@@ -101,11 +138,12 @@ class InputPath:
         return np.moveaxis(self.runtime_values(x), 1, self.channel_axis).astype(np.float32)
 
     def __call__(self, x: np.ndarray, float_weights: bool = False) -> np.ndarray:
-        """What the network's first layer sees for training-format sample ``x`` (float32, same layout);
-        ``float_weights``: with ``W`` in float, as hb's calibration pass computes it."""
+        """What the network's first layer sees for training-format sample ``x`` (float32, same layout):
+        the int8 ``W`` and the integer bias of the quantized model; ``float_weights``: ``W`` and ``b`` in
+        float, as hb's calibration pass computes it."""
         v = self.runtime_values(x)
-        w = self.weight if float_weights else self.weight_int8
-        y = np.einsum("oc,nc...->no...", w, v) + self.bias.reshape((1, -1) + (1,) * (v.ndim - 2))
+        w, b = (self.weight, self.bias) if float_weights else (self.weight_int8, self.bias_int)
+        y = np.einsum("oc,nc...->no...", w, v) + b.reshape((1, -1) + (1,) * (v.ndim - 2))
         return np.moveaxis(y, 1, self.channel_axis).astype(np.float32)
 
 
