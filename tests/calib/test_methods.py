@@ -421,3 +421,25 @@ def test_kl_bin_on_designed_spike_probes_the_kernel_picked():
     mild = [p for p in probes if p[2] == 100 and p[3] is None and p[1] == [[950, 1]]]
     assert len(mild) == 24
     assert all(kl_bin(spike_histogram(n, [tuple(t) for t in tail], s, f)) == k for n, tail, s, f, k in mild)
+
+
+def test_kl_bin_on_dominant_spike_probes_the_kernel_picked():
+    """1102 designed probes (section 1b, session 30): one spike (24 of them: 2, 4 or 10 equal spikes) holding
+    all values but k x 2^-24 of them (k = 1 .. 64), one to seven values at bin 300, 600, 800 or 950 and the
+    max at 1023. The kernel keeps the
+    exact order (tuner's pick, the lone bin + 5) while k is above a break that moves with the lone bin and
+    the tail (k 4.75 at bin 300 .. ~21 for 8 tail values at 950, n 3.1e6 .. 7.1e6); below it its picks sawtooth
+    through the exact plateau (~240 bins per unit of k), which no float32 formulation tried reproduces.
+    tuner must agree everywhere above k = 22 and on 524 probes in all; a change that gains should raise it."""
+    import json
+
+    from kl_neartie import spike_histogram
+
+    probes = json.loads((DATA_DIR / "hb_kl_dominant_picks.json").read_text())["probes"]
+    tailed = [p for p in probes if p[1]]
+    assert len(tailed) == 1102
+    hits = [kl_bin(spike_histogram(n, [tuple(t) for t in tail], s, f)) == k for n, tail, s, f, k in tailed]
+    assert sum(hits) >= 524, sum(hits)
+    share = [(sum(c for _, c in tail) + 1) / (n + sum(c for _, c in tail) + 1) * 2**24 for n, tail, _, _, _ in tailed]
+    mild = [h for h, k in zip(hits, share) if k >= 22]
+    assert len(mild) > 300 and all(mild)
