@@ -424,7 +424,7 @@ def test_kl_bin_on_designed_spike_probes_the_kernel_picked():
 
 
 def test_kl_bin_on_dominant_spike_probes_the_kernel_picked():
-    """1102 designed probes (section 1b, session 30): one spike (24 of them: 2, 4 or 10 equal spikes) holding
+    """1102 designed probes (section 1b, session 29): one spike (24 of them: 2, 4 or 10 equal spikes) holding
     all values but k x 2^-24 of them (k = 1 .. 64), one to seven values at bin 300, 600, 800 or 950 and the
     max at 1023. The kernel keeps the
     exact order (tuner's pick, the lone bin + 5) while k is above a break that moves with the lone bin and
