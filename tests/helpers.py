@@ -146,6 +146,22 @@ def write_example_project(root: Path, n_cal: int = 16, n_eval: int = 8) -> Path:
     return path
 
 
+def save_toy_model(path: Path, nodes, inits, input_shape, outputs, graph_name: str | None = None) -> None:
+    """An opset-11 (ir 7) model of ``nodes`` reading input ``x`` of ``input_shape``, written to ``path``
+    (its folder created) with its outputs' shapes inferred and the model checked: the toys' common form."""
+    g = helper.make_graph(nodes, graph_name or path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)],
+                                                                ir_version=7))
+    shapes = {v.name: v for v in model.graph.value_info}
+    for o in model.graph.output:
+        if o.name in shapes:
+            o.CopyFrom(shapes[o.name])
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
 def write_tiny_space(root: Path, extra: str = "", n: int = 8) -> Path:
     """A search space over the tiny model (project in root/tiny); returns the space path."""
     cfg = write_tiny_project(root / "tiny", n=n)
@@ -333,17 +349,7 @@ class Toy:
     def project(self, root, outputs, name="toy", node_info="{}", n=6, sample=None):
         """The model, ``n`` calibration samples (``sample(rng)``, default N(0, 1)) and an hb_mapper YAML in
         ``root``: the YAML's path (for a Workspace, or the real toolchain)."""
-        root.mkdir(parents=True, exist_ok=True)
-        g = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.shape)],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
-        model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)],
-                                                                    ir_version=7))
-        shapes = {v.name: v for v in model.graph.value_info}
-        for o in model.graph.output:
-            if o.name in shapes:
-                o.CopyFrom(shapes[o.name])
-        onnx.checker.check_model(model)
-        onnx.save(model, str(root / f"{name}.onnx"))
+        save_toy_model(root / f"{name}.onnx", self.nodes, self.inits, self.shape, outputs)
         (root / "cal").mkdir(exist_ok=True)
         rng = np.random.default_rng(1)
         for i in range(n):

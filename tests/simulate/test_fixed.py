@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 import pytest
 from calibrated_models import calibrate
-from helpers import hb_yaml
-from onnx import TensorProto, helper, numpy_helper
+from helpers import hb_yaml, save_toy_model
+from onnx import helper, numpy_helper
 
 from tuner.candidate import Calibration, Candidate
 from tuner.simulate.qdq import plan_scales
@@ -56,18 +56,7 @@ class _Builder:
         return name
 
     def write(self, root: Path, name: str, sample, n: int = 6, node_info: str = "{}") -> Path:
-        root.mkdir(parents=True, exist_ok=True)
-        g = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in self.outputs],
-                              self.inits)
-        model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 11)],
-                                                                    ir_version=7))
-        shapes = {v.name: v for v in model.graph.value_info}
-        for o in model.graph.output:
-            if o.name in shapes:
-                o.CopyFrom(shapes[o.name])
-        onnx.checker.check_model(model)
-        onnx.save(model, str(root / f"{name}.onnx"))
+        save_toy_model(root / f"{name}.onnx", self.nodes, self.inits, [1, 4, 8, 8], self.outputs)
         (root / "cal").mkdir(exist_ok=True)
         rng = np.random.default_rng(7)
         for i in range(n):

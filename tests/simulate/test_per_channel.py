@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import hb_yaml
+from helpers import hb_yaml, save_toy_model
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.candidate import Calibration, Candidate
@@ -125,17 +125,7 @@ def write_toy(root: Path, n: int = 4) -> Path:
     b.out(b.dw("d13", b.op("LeakyRelu", [b.conv("c13", "x")], "t13", alpha=0.1)))
     b.out(b.dw("d14", b.conv("t14", "x", scale=0.0003)))                   # maximum below 16
     b.out(b.conv("e15", b.conv("t15", "x", k=8, stride=8, pad=False), k=1))  # a 2x2 map
-    graph = helper.make_graph(b.nodes, "per_channel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in b.outputs], b.inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)],
-                                                                ir_version=7))
-    shapes = {v.name: v for v in model.graph.value_info}
-    for o in model.graph.output:
-        if o.name in shapes:
-            o.CopyFrom(shapes[o.name])
-    onnx.checker.check_model(model)
-    root.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(root / "pc.onnx"))
+    save_toy_model(root / "pc.onnx", b.nodes, b.inits, [1, 8, 16, 16], b.outputs, graph_name="per_channel")
     (root / "cal").mkdir(exist_ok=True)
     for i in range(n):
         x = np.random.default_rng(i).normal(0, 1, (1, 8, 16, 16)) * CHANNEL_SCALE[None, :, None, None] * 3
