@@ -424,14 +424,14 @@ def _inputs(path: Path, ip: dict[str, Any], cp: dict[str, Any], calibration_type
         values: list[str | None] = list(_split(ip.get(key))) if ip.get(key) is not None else []
         return values if len(values) == n_inputs else (values * n_inputs if len(values) == 1 else [default] * n_inputs)
 
-    layouts = runtime("input_layout_rt", None)
-    for spec, rt, layout in zip(specs, runtime("input_type_rt", None), layouts):
+    types_rt = runtime("input_type_rt", None)
+    for spec, rt, layout in zip(specs, types_rt, runtime("input_layout_rt", None)):
         if rt is not None and rt != "nv12" and layout is None:
             raise TunerError(f"{path}: input_parameters.input_layout_rt is missing for input {spec.name!r} "
                              f"(input_type_rt {rt!r}): hb_mapper needs it for every runtime type but nv12 "
                              "(\"Input_layout_rt missing\"); add 'NHWC' or 'NCHW'")
     return [_with_runtime(path, spec, rt, space or "regular")
-            for spec, rt, space in zip(specs, runtime("input_type_rt", None), runtime("input_space_and_range", None))]
+            for spec, rt, space in zip(specs, types_rt, runtime("input_space_and_range", None))]
 
 
 def _with_runtime(path: Path, spec: InputSpec, rt: str | None, space: str) -> InputSpec:

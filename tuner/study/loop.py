@@ -251,7 +251,12 @@ def workers_exhausted(study: optuna.Study, n_trials: int, max_repeats: int = REP
     tail = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)][-max_repeats:]
     if done >= n_trials or len(tail) < max_repeats or any(repeat_of(t) is None for t in tail):
         return None
-    return (f"the last {max_repeats} proposals repeated candidates already scored: the space holds no new "
+    return _exhausted(max_repeats, done, n_trials)
+
+
+def _exhausted(repeats: int, done: int, n_trials: int) -> str:
+    """Why a search ended before ``n_trials``: the sampler proposed only candidates already scored."""
+    return (f"the last {repeats} proposals repeated candidates already scored: the space holds no new "
             f"one the sampler finds ({done} distinct candidate(s) of the {n_trials} asked for)")
 
 
@@ -293,8 +298,7 @@ def budgeted_optimize(objective: Callable[[optuna.Trial], Values], study: optuna
     while not should_stop() and (deadline is None or time.monotonic() < deadline):
         if repeats >= max_repeats:
             done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-            return (f"the last {repeats} proposals repeated candidates already scored: the space holds no new "
-                    f"one the sampler finds ({done} distinct candidate(s) of the {n_trials} asked for)")
+            return _exhausted(repeats, done, n_trials)
         if not may_start(study, n_trials, deadline, max_retry=max_retry):
             break
         try:

@@ -128,23 +128,25 @@ def trim(r: ResolvedSpace, trial: int, params: Mapping[str, Any], start: TrialRe
     saved = {c.param: start_lat - latency(r.candidate({**params, c.param: c.base})) for c in todo}
     order = sorted(range(len(todo)), key=lambda i: (todo[i].kind == "calibration", -saved[todo[i].param], i))
     current: dict[str, Any] = dict(params)
+    current_lat = start_lat
     removed: list[Change] = []
     needed: list[Change] = []
     for i in order:
         c = todo[i]
         without = {**current, c.param: c.base}
-        if latency(r.candidate(without)) > latency(r.candidate(current)) + 1e-9:
+        without_lat = latency(r.candidate(without))
+        if without_lat > current_lat + 1e-9:
             needed.append(c)          # the revert would cost latency: the winner's choice stays
             continue
         rec = score(without)
         if rec is not None and meets(rec):
-            current = without
+            current, current_lat = without, without_lat
             removed.append(c)
         else:
             needed.append(c)
     minimal = score(current)
     assert minimal is not None, "the winner, or a revert that met the criterion"
-    min_lat = latency(r.candidate(current))
+    min_lat = current_lat
     kept = []
     for c in needed:
         without = {**current, c.param: c.base}
