@@ -34,6 +34,7 @@ whole weight steps, as the quantized model adds it (:attr:`InputPath.bias_int`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -94,19 +95,19 @@ class InputPath:
     weight: np.ndarray        # float, (C_train, C_rt): scale folded in
     bias: np.ndarray          # float, (C_train,)
 
-    @property
+    @cached_property
     def _weight_steps(self) -> np.ndarray:
         """The int8 weight step of each output row, ``max |W[o]| / 127`` (1 for an all-zero row)."""
         t = np.abs(self.weight).max(axis=1)
         return np.where(t > 0, t / 127.0, 1.0)
 
-    @property
+    @cached_property
     def weight_int8(self) -> np.ndarray:
         """``W`` as the quantized model holds it: int8 per output row, threshold ``max |row|``."""
         step = self._weight_steps[:, None]
         return np.clip(np.rint(self.weight / step), -127, 127) * step
 
-    @property
+    @cached_property
     def bias_int(self) -> np.ndarray:
         """``b`` as the quantized model adds it: a whole number of weight steps, ties away from zero.
 
