@@ -68,7 +68,10 @@ def main() -> int:
               "table is on the log's terms (calibration sample 0, hb's eps cosine per node).\n\n")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, header + markdown(results, summaries))
+    # the "## Before" history (figures of earlier simulators, added by hand) survives a re-run
+    old = out.read_text(encoding="utf-8") if out.is_file() else ""
+    before = "\n\n" + old[old.index("## Before"):].rstrip() + "\n" if "## Before" in old else ""
+    write_atomic(out, header + markdown(results, summaries).rstrip("\n") + "\n" + before)
     write_atomic(out.with_suffix(".json"), json.dumps([r.to_json() for r in results], indent=1, default=str))
     print(out)
     return 0
