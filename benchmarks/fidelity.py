@@ -65,7 +65,10 @@ def main() -> int:
               f"{time.perf_counter() - t0:.0f} s with the cache as it was. "
               "'real' is the tool's quantized model (what the .bin computes), run with hmct's executor; 'sim' is "
               "`tuner eval` of the same YAML on the same samples (pooled plain cosine, SQNR in dB). The second "
-              "table is on the log's terms (calibration sample 0, hb's eps cosine per node).\n\n")
+              "table is on the log's terms (calibration sample 0, hb's eps cosine per node); its last column sets hbdk's "
+              "estimate at O0 (these conversions compile at O0, seconds; the quantized model is the same at O3) beside "
+              "tuner's modeled O3 estimate: the two are not comparable, latency agreement is measured at O3 in "
+              "latency_fidelity.md.\n\n")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the "## Before" history (figures of earlier simulators, added by hand) survives a re-run

@@ -42,6 +42,23 @@ def test_baselines_cover_each_calibration_once_then_the_manual_plans(tmp_path):
     assert len(keys) == len(set(keys))                     # no candidate twice
 
 
+def test_the_int16_plans_escalate_to_every_decision_that_allows_it(tmp_path):
+    """Horizon's recipe promotes most sensitive nodes at once; on PP-OCR's classifier that plan is the cheapest
+    way to the goal (search_quality.md): after 1, 3, 5 and 10 the warm start ends with int16 on every ranked
+    decision offering it (here 14 of the tiny model's 15), in sensitivity order, each prefix once."""
+    r0 = resolved(tmp_path / "all")
+    ranking = {n: 1.0 / (i + 1) for i, n in enumerate(n for d in r0.decisions for n in d.nodes)}
+    r = resolve(r0.space, r0.graph, load_target("bayes-e"), Candidate.make(Calibration(type="max")), ranking)
+    int16_ok = [d.param for d in r.decisions if any(c in d.choices for c in ("BPU:int16", "BPU:int16_input"))]
+    plans = [p for label, p in warm_start_plans(r, ranking) if "most sensitive node(s) int16" in label]
+    promoted = [[k for k, v in p.items() if k.startswith("node:") and v.startswith("BPU:int16")] for p in plans]
+    assert len(int16_ok) > 10
+    assert [len(p) for p in promoted] == [1, 3, 5, 10, len(int16_ok)]
+    assert set(promoted[-1]) == set(int16_ok)
+    order = [d.param for d in r.decisions if d.param in int16_ok]   # the ranking follows the graph here
+    assert all(set(p) == set(order[:len(p)]) for p in promoted)
+
+
 def test_no_manual_plans_without_a_ranking_or_with_warm_start_off(tmp_path):
     r = resolved(tmp_path)
     assert all(label.startswith("baseline") for label, _ in warm_start_plans(r, {}))

@@ -22,6 +22,11 @@ from tuner.workspace import Workspace
 
 Plan = tuple[str, dict[str, Any]]   # (label, Optuna parameters)
 
+#: int16 on the k most sensitive decisions, k escalating up to every decision that allows it (10**6):
+#: Horizon's recipe promotes most of a model's sensitive nodes at once, and where int16 is cheap on
+#: the BPU and the CPU is not (PP-OCR's classifier) that is the cheapest way to the goal.
+ESCALATION = (1, 3, 5, 10, 10**6)
+
 
 def reference_calibration(space: SearchSpace, base: Candidate) -> Calibration:
     """The calibration the sensitivity ranking and manual plans use: the base YAML's if it is
@@ -75,16 +80,14 @@ def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
     ref = manual_calibration or reference_calibration(space, r.base)
     by_param = {n: d for d in r.decisions for n in d.nodes}
     ranked = [n for n in sorted(sensitivity, key=lambda n: -sensitivity[n]) if n in by_param]
-    for k in (1, 3, 5):
-        choices = {}
-        for n in ranked:
-            d = by_param[n]
-            for want in ("BPU:int16", "BPU:int16_input"):
-                if want in d.choices:
-                    choices[d.param] = want
-                    break
-            if len(choices) >= k:
-                break
+    int16 = {}
+    for n in ranked:
+        d = by_param[n]
+        want = next((c for c in ("BPU:int16", "BPU:int16_input") if c in d.choices), None)
+        if want is not None and d.param not in int16:
+            int16[d.param] = want
+    for k in ESCALATION:
+        choices = dict(list(int16.items())[:k])
         if choices:
             add(f"manual: {len(choices)} most sensitive node(s) int16", r.params_for(ref, choices))
     order = {n.name: i for i, n in enumerate(r.graph)}
