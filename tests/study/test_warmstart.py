@@ -44,8 +44,9 @@ def test_baselines_cover_each_calibration_once_then_the_manual_plans(tmp_path):
 
 def test_the_int16_plans_escalate_to_every_decision_that_allows_it(tmp_path):
     """Horizon's recipe promotes most sensitive nodes at once; on PP-OCR's classifier that plan is the cheapest
-    way to the goal (search_quality.md): after 1, 3, 5 and 10 the warm start ends with int16 on every ranked
-    decision offering it (here 14 of the tiny model's 15), in sensitivity order, each prefix once."""
+    way to the goal (search_quality.md): after 1, 3, 5 and 10 the warm start has int16 on every ranked
+    decision offering it (here 14 of the tiny model's 15), in sensitivity order, each prefix once, then the
+    recipe's CPU fallback on top of that."""
     r0 = resolved(tmp_path / "all")
     ranking = {n: 1.0 / (i + 1) for i, n in enumerate(n for d in r0.decisions for n in d.nodes)}
     r = resolve(r0.space, r0.graph, load_target("bayes-e"), Candidate.make(Calibration(type="max")), ranking)
@@ -57,6 +58,13 @@ def test_the_int16_plans_escalate_to_every_decision_that_allows_it(tmp_path):
     assert set(promoted[-1]) == set(int16_ok)
     order = [d.param for d in r.decisions if d.param in int16_ok]   # the ranking follows the graph here
     assert all(set(p) == set(order[:len(p)]) for p in promoted)
+    # the recipe's last step: all of them, the 1 and then 2 most sensitive on the CPU instead
+    last = {label: p for label, p in warm_start_plans(r, ranking) if label.startswith("manual: every ranked")}
+    cpu_ok = [d.param for d in r.decisions if "CPU" in d.choices and d.default_choice != "CPU"]
+    for k in (1, 2):
+        p = last[f"manual: every ranked node int16, the {k} most sensitive on CPU"]
+        assert [n for n, v in p.items() if v == "CPU"] == cpu_ok[:k]
+        assert {n for n, v in p.items() if str(v).startswith("BPU:int16")} == set(int16_ok) - set(cpu_ok[:k])
 
 
 def test_no_manual_plans_without_a_ranking_or_with_warm_start_off(tmp_path):

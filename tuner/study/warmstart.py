@@ -22,9 +22,10 @@ from tuner.workspace import Workspace
 
 Plan = tuple[str, dict[str, Any]]   # (label, Optuna parameters)
 
-#: int16 on the k most sensitive decisions, k escalating up to every decision that allows it (10**6):
-#: Horizon's recipe promotes most of a model's sensitive nodes at once, and where int16 is cheap on
-#: the BPU and the CPU is not (PP-OCR's classifier) that is the cheapest way to the goal.
+#: int16 on the k most sensitive decisions, k escalating up to every decision that allows it (10**6),
+#: then that with the 1 and 2 most sensitive on the CPU: Horizon's recipe promotes most of a model's
+#: sensitive nodes at once before any CPU fallback, and where int16 is cheap on the BPU and the CPU is
+#: not (PP-OCR's classifier) that is the cheapest way to the goal (results/benchmarks/search_quality.md).
 ESCALATION = (1, 3, 5, 10, 10**6)
 
 
@@ -90,6 +91,13 @@ def warm_start_plans(r: ResolvedSpace, sensitivity: dict[str, float],
         choices = dict(list(int16.items())[:k])
         if choices:
             add(f"manual: {len(choices)} most sensitive node(s) int16", r.params_for(ref, choices))
+    # the recipe's last step: everything promoted, then the most sensitive nodes to the CPU
+    cpu = list(dict.fromkeys(by_param[n].param for n in ranked
+                             if "CPU" in by_param[n].choices and by_param[n].default_choice != "CPU"))
+    for k in (1, 2):
+        if int16 and len(cpu) >= k:
+            add(f"manual: every ranked node int16, the {k} most sensitive on CPU",
+                r.params_for(ref, {**int16, **{p: "CPU" for p in cpu[:k]}}))
     order = {n.name: i for i, n in enumerate(r.graph)}
     tail_start = int(0.8 * len(order))
     tail = [n for n in ranked if order[n] >= tail_start and "CPU" in by_param[n].choices]
