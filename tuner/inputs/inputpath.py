@@ -28,7 +28,9 @@ quantized models run the int8 ``W`` (the calibrated model's preprocess output eq
 with the float ``b`` to 4e-7 on PP-OCRv4's detector); the quantized model also rounds ``b`` to whole
 weight steps, the calibrated one does not: tuner's statistics read the samples with the float ``W`` and ``b``
 (:meth:`tuner.inputs.data.DataSet.for_calibration`), its evaluation with the int8 ``W`` and the bias in
-whole weight steps, as the quantized model adds it (:attr:`InputPath.bias_int`).
+whole weight steps, as the quantized model adds it (:attr:`InputPath.bias_int`), and requantizes the sum with
+its own integer multiplier and shifts (:meth:`InputPath.requantize`, applied by the simulator at each trial's
+input threshold: tuner.simulate.simdata.SimData.board_samples).
 """
 
 from __future__ import annotations
@@ -121,8 +123,8 @@ class InputPath:
         (weight step 1/128), means 126.5 / 128.5 / 127.5: ``b / step`` = 190.5 / -63.5 / 63.5, ``H`` 64.25
         -> 64, stored 255 / 0 / 128 (half to even would give 254, half up 1, one rounding of the sum 1 / 127).
 
-        ``B`` is a property of the YAML and is simulated here; ``H`` and ``M / 2^n`` depend on the output
-        threshold (each trial's calibration), so their rounding is not. PP-OCRv4 through rgb (mean 127.5,
+        ``B`` is a property of the YAML; ``H`` and ``M / 2^n`` depend on the output threshold (each trial's
+        calibration): :meth:`requantize` applies them to these values, once per threshold. PP-OCRv4 through rgb (mean 127.5,
         scale 1/127.5): ``b / step`` = 63.5 -> 64, so the pixel value 128 (input 0) comes out as one output
         step where the calibrated model (float ``b``) gives 0; feeding the real quantized model input -1
         there instead (which it maps to 0) takes its output cosine from 0.9722 to 0.9750 (calibrated
