@@ -90,6 +90,81 @@ def test_ppocr_pixel_128_lands_one_output_step_up():
     assert np.rint(path(x, float_weights=True)[0, 0, 0, 0] / ostep) == 0
 
 
+def test_the_nv12_constant_is_summed_in_float32():
+    """hb computes ``b = scale x (A . (128, 128, 128) - A . (0, 128, 128) - mean)`` in float32 (bitwise its
+    HzPreprocess bias on the test cache's nv12 conversions): from YUV the constant is 128 only to float32
+    rounding, so PP-OCRv4's G row (mean 127.5, scale 1/127.5) sits just below 63.5 weight steps and its integer
+    bias is 63 (hb's quantized model: 170 = 63 + 107), while through rgb, where the constant is exactly 128,
+    it is 63.5 and rounds to 64."""
+    nv12 = input_path("bgr", "nv12", "regular", "NCHW", SHAPE, (127.5,) * 3, (1 / 127.5,) * 3)
+    rgb = input_path("bgr", "rgb", None, "NCHW", SHAPE, (127.5,) * 3, (1 / 127.5,) * 3)
+    assert nv12 is not None and rgb is not None
+    steps = np.abs(nv12.weight).max(axis=1) / 127
+    g = nv12.bias[1] / steps[1]
+    assert 63.49 < g < 63.5 and np.rint(nv12.bias_int[1] / steps[1]) == 63
+    np.testing.assert_array_equal(rgb.bias / (np.abs(rgb.weight).max(axis=1) / 127), [63.5] * 3)
+    assert nv12.bias.dtype == np.float64 and np.array_equal(nv12.bias, nv12.bias.astype(np.float32))
+    assert np.array_equal(nv12.weight, nv12.weight.astype(np.float32))
+
+
+@pytest.mark.parametrize("rt,train", [("nv12", "bgr"), ("rgb", "bgr"), ("nv12", "rgb")])
+def test_requantize_is_hbs_integer_arithmetic(rt, train):
+    """The preprocess output as ``HzSQuantizedPreprocess`` computes it, ``(acc + H) * M >> n``: on the
+    int8 grid of the threshold, never more than one step from the simulator's half-to-even rounding of the
+    same values, and only where those are within a hundredth of a half step; the simulator's rounding at
+    that step leaves them unchanged (so its quantization point on the input is a no-op)."""
+    mean, scale = ((127.5,) * 3, (1 / 127.5,) * 3) if train == "bgr" else (MEAN, SCALE)
+    path = input_path(train, rt, "regular", "NCHW", SHAPE, mean, scale)
+    assert path is not None
+    x = np.concatenate([camera_images(4)[i] for i in range(4)]).astype(np.float32)
+    y = path(x)
+    for threshold in (float(np.abs(y).max()), 0.8 * float(np.abs(y).max())):
+        half, mult, shift = path.requant_params(threshold)
+        assert ((mult >= 2 ** 14) & (mult < 2 ** 15)).all()
+        ratio = np.abs(path.weight).max(axis=1) / 127 / (threshold / 127)
+        np.testing.assert_allclose(mult / 2.0 ** shift, ratio, rtol=2.0 ** -14)
+        assert (np.abs(half - 0.5 / ratio) <= 0.5).all()
+        s = np.float32(threshold / 127)
+        out = path.requantize(y, threshold, s)
+        assert out.dtype == np.float32 and out.shape == y.shape
+        q = np.rint(out / s)
+        assert np.abs(out / s - q).max() < 1e-4                        # on the grid
+        assert q.min() >= -128 and q.max() <= 127
+        np.testing.assert_array_equal(np.rint(np.clip(out / s, -128, 127)) * s, out)
+        exact = y.astype(np.float64) / (threshold / 127)
+        sim = np.clip(np.rint(exact), -128, 127)
+        differ = q != sim
+        assert np.abs(q - sim).max() <= 1
+        frac = np.abs(exact - np.floor(exact) - 0.5)
+        assert (frac[differ & (np.abs(exact) < 127)] < 0.01).all()
+
+
+def test_the_simulator_feeds_the_requantized_input(tmp_path):
+    """Evaluation reads the camera toy's samples requantized at the plan's input threshold (computed once
+    per threshold), so its input quantization point sees values already on its grid; hb's calibrated model
+    (the log's simulator) keeps the simulator's own rounding."""
+    from tuner.workspace import Workspace
+
+    ws = Workspace.open(write_camera_project(tmp_path / "p"))
+    sim = ws.simulator
+    cand = ws.base_candidate()
+    cal, _ = sim.resolve(cand)
+    steps = sim._board_steps(sim.plan(cand, cal), cal)
+    threshold, s = steps["data"]
+    assert threshold == sim.scales(cal).threshold("data")
+    board = sim.on.board_samples(steps)
+    assert sim.on.board_samples(steps) is board
+    path = sim.dataset.inputs[0].path
+    assert path is not None
+    for x, b in zip(sim.data, board):
+        np.testing.assert_array_equal(b["data"], path.requantize(x["data"], threshold, s))
+    ev = sim.evaluate(cand)
+    sim.calibrated_model = True
+    assert sim._board_steps(sim.plan(cand, cal), cal) == {}
+    sim.calibrated_model = False
+    assert sim.evaluate(cand).outputs == ev.outputs
+
+
 def test_nhwc_layout_and_no_path_for_featuremaps():
     x = camera_images(1)[0].astype(np.float32)
     nchw = input_path("rgb", "nv12", "regular", "NCHW", SHAPE, MEAN, SCALE)

@@ -29,6 +29,19 @@ def _output_threshold(path):
     return next(a.floats[0] for a in node.attribute if a.name == "thresholds")
 
 
+def _preprocess_outputs(tc, quantized, folder, feeds):
+    """The quantized model's int8 preprocess output on each feed: the model with that tensor as an extra
+    graph output, run by hmct's executor."""
+    from tuner.toolchain.hbexec import run_models
+
+    model = onnx.load(str(quantized))
+    node = next(n for n in model.graph.node if n.op_type == "HzSQuantizedPreprocess")
+    model.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.INT8, None))
+    path = folder / "preprocess_out.onnx"
+    onnx.save(model, str(path))
+    return [o[node.output[0]].astype(np.float64) for o in run_models(tc, [path], feeds)[0]]
+
+
 def _matrix(w):
     """hb's weight as a (C, C) matrix: it stores only the diagonal when there is no colour mixing."""
     w = np.asarray(w, np.float64).ravel()
@@ -47,15 +60,27 @@ def test_the_input_path_is_hbs(hb_toolchain, tmp_path, rt, train):
     assert conv.ok, conv.error
     node, (w, b), _ = _preprocess(conv.model("original_float"))
     assert node.op_type == "HzPreprocess"
-    np.testing.assert_allclose(_matrix(w), path.weight, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(b, path.bias, rtol=1e-5)     # hb computes it in float32
+    # bitwise: hb computes W and b in float32 (inputpath._constant)
+    np.testing.assert_array_equal(_matrix(w).astype(np.float32), path.weight.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(b, np.float32), path.bias.astype(np.float32))
     qnode, (wq, bq), qin = _preprocess(conv.model("quantized"))
     assert qnode.op_type == "HzSQuantizedPreprocess"
     steps = np.abs(path.weight).max(axis=1, keepdims=True) / 127
     np.testing.assert_allclose(_matrix(wq) * steps, path.weight_int8, atol=1e-9)
-    # the int32 bias: tuner's bias in whole weight steps plus half an output step, rounded on its own
-    half = np.rint(0.5 * _output_threshold(conv.model("calibrated")) / 127 / steps[:, 0])
+    # the int32 bias: tuner's bias in whole weight steps plus half an output step, rounded on its own; the
+    # multiplier and shift of the requantization
+    threshold = _output_threshold(conv.model("calibrated"))
+    half, mult, shift = path.requant_params(threshold)
     np.testing.assert_array_equal(bq, np.rint(path.bias_int / steps[:, 0]) + half)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in qnode.attribute}
+    assert list(mult) == list(attrs["scale"]) and list(shift) == list(attrs["out_shift"])
+    # element by element: hb's int8 preprocess output (an extra graph output, hmct's executor) is tuner's
+    ws_data = ws.simulator.dataset
+    real = _preprocess_outputs(hb_toolchain, conv.model("quantized"), tmp_path, list(ws_data.hb_feeds()))
+    scale = np.float32(threshold / 127)
+    for sample, out in zip(ws_data, real):
+        q = np.rint(path.requantize(sample["data"], threshold, scale) / scale)
+        np.testing.assert_array_equal(q, out if out.shape == q.shape else out.transpose(0, 3, 1, 2))
     assert qin.type.tensor_type.elem_type == onnx.TensorProto.INT8
     if rt == "nv12":
         assert [d.dim_value for d in qin.type.tensor_type.shape.dim] == [1, 32, 32, 3]

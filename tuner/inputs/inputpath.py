@@ -28,7 +28,9 @@ quantized models run the int8 ``W`` (the calibrated model's preprocess output eq
 with the float ``b`` to 4e-7 on PP-OCRv4's detector); the quantized model also rounds ``b`` to whole
 weight steps, the calibrated one does not: tuner's statistics read the samples with the float ``W`` and ``b``
 (:meth:`tuner.inputs.data.DataSet.for_calibration`), its evaluation with the int8 ``W`` and the bias in
-whole weight steps, as the quantized model adds it (:attr:`InputPath.bias_int`).
+whole weight steps, as the quantized model adds it (:attr:`InputPath.bias_int`), and requantizes the sum with
+its own integer multiplier and shifts (:meth:`InputPath.requantize`, applied by the simulator at each trial's
+input threshold: tuner.simulate.simdata.SimData.board_samples).
 """
 
 from __future__ import annotations
@@ -40,15 +42,17 @@ import numpy as np
 
 #: Part of the data fingerprint (tuner.inputs.data): a change of the arithmetic below invalidates
 #: statistics cached on the old one.
-PATH_FORMAT = 3
+PATH_FORMAT = 4
 
 #: YUV -> RGB the preprocess node applies to (Y - 128, U - 128, V - 128), rows R, G, B, and the constant
 #: term, read back from ``HZ_PREPROCESS_FOR_data_weight`` / ``_bias`` of toys converted with
 #: ``norm_type: data_mean`` (regular) and data_mean_and_scale with ``bt601_video`` (divided by the scale).
 YUV2RGB_FULL = np.array([[1.0, 0.0, 1.4017], [1.0, -0.3437, -0.7142], [1.0, 1.7722, 0.0]])
 YUV2RGB_VIDEO = np.array([[1.164, 0.0, 1.596], [1.164, -0.391, -0.813], [1.164, 2.018, 0.0]])
-CONST_FULL = 128.0              # R = (Y' + 128) + 1.4017 V'
-CONST_VIDEO = 1.164 * 112.0     # R = 1.164 (Y' + 128 - 16) + 1.596 V'
+#: The YUV formats' own offsets (Y, U, V): R = A . (YUV - offsets); the preprocess node's constant is
+#: A . (128, 128, 128) - A . offsets (128, and 1.164 x 112 for video range).
+YUV_OFFSETS_FULL = np.array([0.0, 128.0, 128.0])
+YUV_OFFSETS_VIDEO = np.array([16.0, 128.0, 128.0])
 
 #: (input_type_train, input_type_rt) pairs hb_mapper converts (horizon_tc_ui/helper.py's
 #: get_raw_transformer; any other pair it only shifts by -128, with a warning).
@@ -119,8 +123,8 @@ class InputPath:
         (weight step 1/128), means 126.5 / 128.5 / 127.5: ``b / step`` = 190.5 / -63.5 / 63.5, ``H`` 64.25
         -> 64, stored 255 / 0 / 128 (half to even would give 254, half up 1, one rounding of the sum 1 / 127).
 
-        ``B`` is a property of the YAML and is simulated here; ``H`` and ``M / 2^n`` depend on the output
-        threshold (each trial's calibration), so their rounding is not. PP-OCRv4 through rgb (mean 127.5,
+        ``B`` is a property of the YAML; ``H`` and ``M / 2^n`` depend on the output threshold (each trial's
+        calibration): :meth:`requantize` applies them to these values, once per threshold. PP-OCRv4 through rgb (mean 127.5,
         scale 1/127.5): ``b / step`` = 63.5 -> 64, so the pixel value 128 (input 0) comes out as one output
         step where the calibrated model (float ``b``) gives 0; feeding the real quantized model input -1
         there instead (which it maps to 0) takes its output cosine from 0.9722 to 0.9750 (calibrated
@@ -129,6 +133,41 @@ class InputPath:
         rounding may undo it (PP-OCRv4 nv12 max: 767 -> 999 of 737280)."""
         step = self._weight_steps
         return round_half_away(self.bias / step) * step
+
+    def requant_params(self, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(H, M, n)`` per output row: how ``HzSQuantizedPreprocess`` requantizes ``W_int8 . x + B`` (in
+        weight steps) to the int8 grid of output ``threshold``, ``clip((acc + H) * M >> n, -128, 127)``.
+
+        ``H`` = half an output step in weight steps, rounded on its own; ``M / 2^n`` = weight step / output
+        step with ``M`` rounded to an integer in [2^14, 2^15). Equal to hb's ``bias`` - ``B``, ``scale`` and
+        ``out_shift`` attributes on all nine conversions of the test cache (camera toy nv12 rgb/bgr, rgb
+        -> rgb, the ties toy, PP-OCRv4 nv12 max / default / per_channel, rgb, bgr)."""
+        ratio = self._weight_steps / (float(threshold) / 127.0)
+        shift = np.floor(np.log2(2.0 ** 15 / ratio)).astype(np.int64)
+        mult = np.rint(ratio * 2.0 ** shift).astype(np.int64)
+        half = np.rint(0.5 / ratio).astype(np.int64)
+        return half, mult, shift
+
+    def requantize(self, y: np.ndarray, threshold: float, scale: np.floating) -> np.ndarray:
+        """:meth:`__call__`'s output ``y`` (int8 ``W``, integer bias) as the quantized model's preprocess node
+        emits it for output ``threshold``: its int8 values times ``scale`` (the simulator's float32 step of
+        that tensor, so that its quantization point on the input leaves them as they are), float32.
+
+        The simulator rounds ``y`` half to even at ``threshold / 127``; hb adds ``H`` and multiplies by
+        ``M / 2^n``, both rounded (:meth:`requant_params`), and floors. Near a half step they part:
+        PP-OCRv4 through nv12 (``max``, threshold 1.683) on 8 photos, hmct's executor with the preprocess
+        output as an extra graph output: 8720 of 1966080 values differ by one step (6498 below, 2222
+        above; all with the exact value within 0.0039 of a half step) and tuner's output cosine on the text
+        photo is 0.9805 against the real 0.9836; fed hb's int8 values instead it is 0.9838. Through rgb and
+        bgr (``acc`` = 127 x + 64) none of those 1966080 values differ. ``y`` holds whole weight
+        steps to float32 precision (0.002 of a step at most), so they are recovered exactly."""
+        half, mult, shift = self.requant_params(threshold)
+        shape = (1, -1) + (1,) * (y.ndim - 2)
+        c = np.moveaxis(np.asarray(y, np.float64), self.channel_axis, 1)
+        acc = np.rint(c / self._weight_steps.reshape(shape)).astype(np.int64)
+        q = np.clip(((acc + half.reshape(shape)) * mult.reshape(shape)) >> shift.reshape(shape), -128, 127)
+        out = q.astype(np.float32) * np.float32(scale)
+        return np.moveaxis(out, 1, self.channel_axis)
 
     def runtime_values(self, x: np.ndarray) -> np.ndarray:
         """The board's input for training-format sample ``x`` (channels first), minus 128."""
@@ -181,15 +220,30 @@ def runtime_values(x: np.ndarray, type_train: str, type_rt: str, video: bool, ch
 
 
 def _colour_matrix(type_train: str, type_rt: str, video: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(A, c): training colour = A . (runtime - 128) + c, rows in the training order."""
+    """(A, o): training colour = A . (runtime - 128) + A . (128, 128, 128) - A . o, rows in the training
+    order; ``o`` the runtime format's own offsets (YUV: U and V centred on 128, video-range Y on 16)."""
     n = 1 if type_train == "gray" else 3
     if type_rt in ("nv12", "yuv444") and type_train in ("rgb", "bgr"):
-        a, const = (YUV2RGB_VIDEO, CONST_VIDEO) if video else (YUV2RGB_FULL, CONST_FULL)
-        a = a if type_train == "rgb" else a[::-1]
-        return a, np.full(3, const)
+        a, offsets = (YUV2RGB_VIDEO, YUV_OFFSETS_VIDEO) if video else (YUV2RGB_FULL, YUV_OFFSETS_FULL)
+        return (a if type_train == "rgb" else a[::-1]), offsets
     if type_train in ("rgb", "bgr") and type_rt in ("rgb", "bgr") and type_rt != type_train:
-        return SWAP, np.full(3, 128.0)
-    return np.eye(n), np.full(n, 128.0)
+        return SWAP, np.zeros(3)
+    return np.eye(n), np.zeros(n)
+
+
+def _constant(a: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The constant term of each row as hb computes it, in float32: ``A . (128, 128, 128) - A . o``, each dot
+    product summed left to right (128 for rgb, bgr and gray; 128 to within float32 rounding from YUV).
+    Bitwise hb's bias on the nv12 conversions of the test cache: PP-OCRv4 (BGR rows, mean 127.5, scale
+    1/127.5) has the B row's constant 128 + 1.53e-5 and the G row's 128 - 7.6e-6, which puts the G row's
+    bias at 63.499 weight steps (hb's integer bias 63) where the exact 128 gives 63.5 (64)."""
+    a32 = a.astype(np.float32)
+    def dot(v: np.ndarray) -> np.ndarray:
+        acc = np.zeros(a32.shape[0], np.float32)
+        for k in range(a32.shape[1]):
+            acc = (acc + a32[:, k] * np.float32(v[k])).astype(np.float32)
+        return acc
+    return (dot(np.full(a32.shape[1], 128.0)) - dot(offsets)).astype(np.float32)
 
 
 def input_path(type_train: str, type_rt: str | None, space_and_range: str | None, layout_train: str,
@@ -198,18 +252,25 @@ def input_path(type_train: str, type_rt: str | None, space_and_range: str | None
     """The preprocess node hb_mapper inserts for this input, or None (featuremap, or not 4-D).
 
     Every image runtime type gets one, even rgb -> rgb with ``no_preprocess`` (``W = 1``, ``b = 128``:
-    the int8 input plus 128), so the runtime's int8 input is always the colour value minus 128."""
+    the int8 input plus 128), so the runtime's int8 input is always the colour value minus 128. ``W`` and
+    ``b`` are computed in float32 as hb computes them, ``W = scale x A``, ``b = scale x (c - mean)`` with
+    ``c`` from :func:`_constant`: bitwise equal to the ``HzPreprocess`` initializers of the seven distinct
+    conversions in the test cache (camera toy nv12 rgb / bgr, rgb -> rgb, the ties toy; PP-OCRv4 nv12,
+    rgb, bgr); the same products in float64 rounded once miss ``W`` by an ulp and ``b`` by up to 257 ulps
+    (PP-OCRv4 nv12's B row, where ``c`` is not 128). The video-range constant follows the same rule,
+    not read back bitwise."""
     if type_rt is None or (type_train, type_rt) not in PAIRS or len(shape) != 4:
         return None
     video = type_rt == "nv12" and space_and_range == "bt601_video"
     axis = 1 if layout_train == "NCHW" else 3
-    a, const = _colour_matrix(type_train, type_rt, video)
+    a, offsets = _colour_matrix(type_train, type_rt, video)
     n = a.shape[0]
     if shape[axis] != n:
         return None
     m = np.zeros(n) if mean is None else np.broadcast_to(np.asarray(mean, np.float64), (n,))
     s = np.ones(n) if scale is None else np.broadcast_to(np.asarray(scale, np.float64), (n,))
-    weight = (s[:, None] * a).astype(np.float32).astype(np.float64)    # hb stores them as float32
-    bias = (s * (const - m)).astype(np.float32).astype(np.float64)
+    m32, s32 = m.astype(np.float32), s.astype(np.float32)
+    weight = (s32[:, None] * a.astype(np.float32)).astype(np.float64)
+    bias = (s32 * (_constant(a, offsets) - m32)).astype(np.float32).astype(np.float64)
     return InputPath(type_train=type_train, type_rt=type_rt, video=video, channel_axis=axis,
                      weight=weight, bias=bias)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from tuner.simulate.calibrate import DEFAULT_SEARCH_SAMPLES
 SAMPLE_CACHE_BYTES = 512 * 2**20
 
 Samples = list[dict[str, np.ndarray]]
+#: Requantized evaluation sets kept (SimData.board_samples): one per input threshold a study meets
+#: (a handful of calibration methods), each the size of the image inputs.
+BOARD_SETS = 4
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class SimData:
         self.calibration_data = calibration_data
         self._search: tuple[Samples, Samples] | None = None   # (samples, float outputs) of the method searches
         self._path: InputPathSplit | None = None    # the input path alone (path_split), computed once
+        self._boards: dict[tuple[tuple[str, float, float], ...], Samples] = {}     # board_samples, by input thresholds
         t0 = time.perf_counter()
         self.reference: Samples = []
         self._labels: Samples | None = None
@@ -121,6 +126,29 @@ class SimData:
             self._path = InputPathSplit(outputs=metrics, task=task, reference=outs,
                                         ref_sq=[{o: Similarity.square_sum(v) for o, v in r.items()} for r in outs])
         return self._path
+
+    def board_samples(self, steps: dict[str, tuple[float, np.floating]]) -> Iterable[dict[str, np.ndarray]]:
+        """The evaluation samples with each image input as hb's quantized preprocess node emits it for the
+        given (threshold, float32 step) of that input (InputPath.requantize: its half step and multiplier
+        rounded, then a floor), not as the simulator's half-to-even rounding would give it. ``steps``: input
+        name -> (threshold, step) of the inputs to requantize. In memory: computed once per set of steps
+        (the last BOARD_SETS kept), so a trial at a threshold seen before costs nothing more."""
+        paths = {spec.name: spec.path for spec in self.dataset.inputs
+                 if spec.path is not None and spec.name in steps}
+        if not paths or self.dataset.calibration:
+            return self.data
+
+        def board(sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {k: paths[k].requantize(v, *steps[k]) if k in paths else v for k, v in sample.items()}
+
+        if not isinstance(self.data, list):
+            return _Mapped(self.data, board)
+        key = tuple(sorted((k, float(t), float(s)) for k, (t, s) in steps.items() if k in paths))
+        if key not in self._boards:
+            if len(self._boards) >= BOARD_SETS:
+                self._boards.pop(next(iter(self._boards)))
+            self._boards[key] = [board(x) for x in self.data]
+        return self._boards[key]
 
     def ref_sq(self, i: int, output: str) -> float:
         """Sample ``i``'s reference square sum at ``output`` (computed once)."""
@@ -187,3 +215,14 @@ class SimData:
         return {o: s.as_dict() for o, s in sims.items()}, (task.results() if task is not None else {}), samples
 
 
+
+
+@dataclass(frozen=True)
+class _Mapped:
+    """A streamed data set with ``fn`` applied to each sample as it is read."""
+
+    data: DataSet
+    fn: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return (self.fn(x) for x in self.data)

@@ -369,7 +369,8 @@ class Simulator:
         if per_node:
             float_nodes = self.side.float_nodes(tuple(extra), bool(plan.softmax))
             refs = run_samples(float_nodes, extra, self.data, self.threads)
-        for i, outs in enumerate(run_samples(session, sim_names, self.data, self.threads)):
+        data = self.on.board_samples(self._board_steps(plan, calibration)) if self.on.has_input_path else self.data
+        for i, outs in enumerate(run_samples(session, sim_names, data, self.threads)):
             values = dict(zip(sim_names, outs))
             # per_sample: each sample's own sums, merged into the pooled ones (one pass over the arrays)
             one = {o: Similarity() for o in outputs} if per_sample else sims
@@ -402,6 +403,23 @@ class Simulator:
                         "network": {"outputs": {o: s.as_dict() for o, s in net_sims.items()},
                                     "task": net_task.results() if net_task is not None else {}}}
         return ev
+
+    def _board_steps(self, plan: Plan, calibration: Resolved) -> dict[str, tuple[float, np.floating]]:
+        """(threshold, float32 step) of each model input the plan quantizes to int8 per tensor: where hb's
+        quantized preprocess node requantizes an image input (SimData.board_samples). None for hb's
+        calibrated model (``calibrated_model``), whose preprocess output is fake-quantized as any tensor."""
+        if self.calibrated_model:
+            return {}
+        dtypes: dict[str, set[str]] = {}
+        for tensor, dtype in plan.edges.values():
+            dtypes.setdefault(tensor, set()).add(dtype)
+        steps: dict[str, tuple[float, np.floating]] = {}
+        for name in self.model.input_names:
+            if dtypes.get(name) == {"int8"}:
+                s = self.scales(calibration).get(name, "int8")
+                if s.axis is None and not np.any(s.zero_point):
+                    steps[name] = (s.threshold, np.float32(s.scale))
+        return steps
 
     def score(self, outputs: list[dict[str, np.ndarray]]
               ) -> tuple[dict[str, dict[str, float]], dict[str, float], list[dict[str, dict[str, float]]]]:
