@@ -1,8 +1,9 @@
 """hb's integer Conv kernel (tuner.simulate.intconv): the rule, its emulation in float32, and, with the real
 toolchain, the rule and the simulated model against a toy's real quantized model element by element.
 
-The toy (onnx helper API, opset 11, max calibration, converted at O0): a Conv with a bias, a Conv + Relu, a
-depthwise Conv, a 1x1 Conv + residual Add, a Conv without bias whose output is int16 (``node_info``), a Conv
+The toy (onnx helper API, opset 11, max calibration, converted at O0): a Conv with a bias, a Conv + Relu, a Mul
+by a per-channel constant (hb: a 1x1 depthwise HzSQuantizedConv; tuner: HzChannelScale), a depthwise Conv, a
+1x1 Conv + residual Add, a Conv without bias whose output is int16 (``node_info``), a Conv
 reading that int16 tensor (not simulated: its split of the shifts differs), a 1x1 Conv + Relu, a Mul.
 """
 
@@ -30,7 +31,7 @@ from tuner.simulate.intconv import (
 C = 16
 #: the toy's Convs whose output the simulation requantizes as hb does (int8 input), with their output tensor
 #: (c7 too, but it reads c6, which reads int16 and keeps tuner's rounding)
-SIMULATED = {"c1": "c1_out", "c2": "r2_out", "c3": "c3_out", "c4": "add4_out", "c5": "c5_out"}
+SIMULATED = {"c1": "c1_out", "c2": "r2_out", "m9": "m9_out", "c3": "c3_out", "c4": "add4_out", "c5": "c5_out"}
 
 
 def _toy(root: Path, seed: int = 0) -> Path:
@@ -54,7 +55,9 @@ def _toy(root: Path, seed: int = 0) -> Path:
 
     a = conv("c1", "x", 8, C)
     b = op("Relu", "r2", [conv("c2", a, C, C)])
-    d = conv("c3", b, C, C, group=C)
+    inits.append(numpy_helper.from_array(rng.uniform(0.5, 2.0, (1, C, 1, 1)).astype(np.float32), "k9"))
+    b9 = op("Mul", "m9", [b, "k9"])         # a Mul by a constant: hb's 1x1 depthwise Conv, tuner's HzChannelScale
+    d = conv("c3", b9, C, C, group=C)
     e = op("Add", "add4", [conv("c4", d, C, C, k=1), b])
     f = conv("c5", e, C, C, bias=False)
     g = conv("c6", f, C, C)
@@ -88,7 +91,7 @@ def test_the_multiplier_has_15_bits_and_the_shifts_split_as_measured():
             else np.full(n.shape, OUT_SHIFT[out])
         k = rq.kept           # rs within 16: beyond, hb's own (M 16384, rs 15) for ~0 weights is not modelled
         assert np.all(np.where(rq.right_shift[k] > 0, rq.out_shift[k] == expect[k], rq.out_shift[k] <= expect[k]))
-        assert np.all(np.abs(rq.half[k] - 0.5 / r[k]) <= 0.5)
+        assert np.all(np.abs(rq.half[k] - 0.5 / r[k]) <= 0.5 + 1e-6 * 0.5 / r[k])   # float32, as hb
 
 
 def test_the_float32_emulation_is_the_integer_rule():
@@ -180,11 +183,12 @@ def _thresholds(calibrated: Path) -> dict[str, tuple[float, str]]:
 
 def test_the_rule_gives_hbs_integers(real_toy):
     """M, rs, os and the bias's half step from the calibrated model's thresholds are hb's on every channel
-    of the toy's int8-input Convs, and the rule on the integer accumulator gives hb's output integers."""
+    of the toy's int8-input Convs (the lowered Mul's weight step |k| / 127), and the rule on the integer
+    accumulator gives hb's output integers."""
     cfg, conv, model, samples, outs = real_toy
     thr = _thresholds(conv.model("calibrated"))
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    base = {"c1": ("x", "c1_out"), "c2": ("c1_out", "r2_out"), "c3": ("r2_out", "c3_out"),
+    base = {"c1": ("x", "c1_out"), "c2": ("c1_out", "r2_out"), "m9": ("r2_out", "m9_out"), "c3": ("m9_out", "c3_out"),
             "c4": ("c3_out", "add4_out"), "c5": ("add4_out", "c5_out"), "c7": ("c6_out", "r7_out")}
     float_model = onnx.load(str(cfg.parent / "toy.onnx"))
     biases = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in float_model.graph.initializer}
@@ -214,7 +218,7 @@ def test_the_rule_gives_hbs_integers(real_toy):
                           relu=a.get("activation") == b"relu")
             assert np.array_equal(y.transpose(0, 2, 3, 1), outs[i][node.output[0]]), node.name
         checked += 1
-    assert checked == 5
+    assert checked == 6
 
 
 def _conv_nhwc(x: np.ndarray, w: np.ndarray, group: int, pad: int) -> np.ndarray:
@@ -232,8 +236,9 @@ def _conv_nhwc(x: np.ndarray, w: np.ndarray, group: int, pad: int) -> np.ndarray
 
 
 def test_the_simulation_is_hbs_integer_kernel(real_toy, monkeypatch):
-    """With TUNER_INTCONV=1 every simulated Conv output (residual Add, int16 output included) equals the real
-    quantized model's integers on both samples, fed the same input; tuner's rounding misses hundreds."""
+    """With TUNER_INTCONV=1 every simulated int8 Conv output (residual Add, lowered Mul included) equals the
+    real quantized model's integers on both samples, fed the same input, and the int16 one but a few; tuner's
+    rounding misses hundreds of each."""
     from tuner.workspace import Workspace
 
     cfg, _conv, _model, samples, outs = real_toy
@@ -254,7 +259,7 @@ def test_the_simulation_is_hbs_integer_kernel(real_toy, monkeypatch):
             proto.graph.output.append(helper.make_tensor_value_info(f"{tensor}__{dtype}_dq", TensorProto.FLOAT, None))
         session = sim.side.session(proto)
         names = [o.name for o in session.get_outputs()]
-        count = 0
+        count = {"int8": 0, "int16": 0}
         for i, sample in enumerate(samples):
             got = dict(zip(names, session.run(names, sample)))
             for tensor in SIMULATED.values():
@@ -262,7 +267,9 @@ def test_the_simulation_is_hbs_integer_kernel(real_toy, monkeypatch):
                 point = f"{tensor}__{dtype}_dq"
                 assert point in points
                 ints = np.rint(got[point] / scales[f"{tensor}__{dtype}_scale"]).astype(np.int64)
-                count += int((ints.transpose(0, 2, 3, 1) != outs[i][f"{tensor}_quantized"]).sum())
+                count[dtype] += int((ints.transpose(0, 2, 3, 1) != outs[i][f"{tensor}_quantized"]).sum())
         differ[on] = count
-    assert differ["1"] == 0, differ
-    assert differ["0"] > 100, differ
+    # int8: exact. int16: the accumulator unit is ~1/258 of the int8 case's in output steps, and the float32
+    # Conv's error (accumulators up to ~2e6 units) reaches half a unit on a few values (1 and 3 of 4096)
+    assert differ["1"]["int8"] == 0 and differ["1"]["int16"] <= 8, differ
+    assert differ["0"]["int8"] > 100 and differ["0"]["int16"] > 100, differ

@@ -263,12 +263,18 @@ class _Build:
         s_in = self.point_scale(source[0], source[1], False)
         if s_in.axis is not None or np.asarray(s_in.zero_point).any():
             return src
-        idx, axis = self.target.weight_ops[conv.op_type]
-        qw = weight_rule(conv, self.graph.initializers[conv.inputs[idx]], weight_axis(conv.proto, conv.op_type, axis),
-                         s_in, self.scales, self.weights, self.memo)
-        s_w = np.asarray(qw.scales, np.float64).ravel()
         shape = self.graph.shapes.get(tensor)
-        if shape is None or len(shape) != 4 or shape[1] != s_w.size:
+        if shape is None or len(shape) != 4 or not shape[1]:
+            return src
+        if conv.op_type == "HzChannelScale":   # its constant k is the weight, on |k| / 127 (an int8 weight of 127)
+            gain = np.abs(numpy_helper.to_array(self.graph.initializers[conv.inputs[1]]).astype(np.float64)).ravel()
+            s_w = np.broadcast_to(gain / 127.0, (int(shape[1]),)).copy() if gain.size in (1, shape[1]) else gain[:0]
+        else:
+            idx, axis = self.target.weight_ops[conv.op_type]
+            qw = weight_rule(conv, self.graph.initializers[conv.inputs[idx]],
+                             weight_axis(conv.proto, conv.op_type, axis), s_in, self.scales, self.weights, self.memo)
+            s_w = np.asarray(qw.scales, np.float64).ravel()
+        if shape[1] != s_w.size:
             return src
         key = ("intconv", tensor, dtype, src, float(s_in.scale), s_w.tobytes(), float(s.scale), s_res)
         if key not in self.memo:
@@ -289,12 +295,12 @@ class _Build:
             self.new_inits.setdefault(t.name, t)
         self.qdq_after[src] += nodes
         if residual is not None:
-            add, k, s_r = residual
-            gain_key = ("intconv_res", add, k, float(s_in.scale), s_w.tobytes(), s_r)
+            add, k_res, s_r = residual
+            gain_key = ("intconv_res", add, k_res, float(s_in.scale), s_w.tobytes(), s_r)
             if gain_key not in self.memo:
-                gain = residual_gain(float(s_in.scale) * s_w, s_r).astype(np.float32).reshape(1, -1, 1, 1)
-                self.memo[gain_key] = numpy_helper.from_array(gain, f"{add}__ic_res{k}")
-            self.residual_gains[(add, k)] = self.memo[gain_key]
+                g_res = residual_gain(float(s_in.scale) * s_w, s_r).astype(np.float32).reshape(1, -1, 1, 1)
+                self.memo[gain_key] = numpy_helper.from_array(g_res, f"{add}__ic_res{k_res}")
+            self.residual_gains[(add, k_res)] = self.memo[gain_key]
         return str(nodes[-1].output[0])
 
     def scale_residuals(self) -> None:
@@ -311,7 +317,8 @@ class _Build:
                        s: Scale) -> tuple[Node, tuple[str, int, float] | None] | None:
         """The Conv of the BPU group writing ``tensor`` whose requantization hb's integer kernel does, as
         measured (tuner.simulate.intconv): a Conv, alone or with a fused residual Add, then a fused Relu or
-        none; int8 input, int8/int16 output, its bias (if any) on the int32 grid. With it (the Add, the
+        none, or a lowered Mul (HzChannelScale) with or without a Relu; int8 input, int8/int16 output, a
+        Conv's bias (if any) on the int32 grid. With it (the Add, the
         residual's input index, its step), None without an Add. None where tuner's rounding stays (a model output, an equalized input,
         a per-channel residual, another group)."""
         if not self.target.quantize_bias or dtype not in ("int8", "int16") or np.asarray(s.zero_point).any() \
@@ -326,9 +333,15 @@ class _Build:
             chain.append(into[chain[-1].name])
         chain.reverse()
         kinds = [n.op_type for n in chain]
+        conv = chain[0]
+        if kinds[0] == "HzChannelScale":       # a Mul by a constant (+ a constant Add): a 1x1 depthwise Conv in hb
+            if kinds not in (["HzChannelScale"], ["HzChannelScale", "Relu"]) or len(conv.inputs) < 2 \
+                    or conv.inputs[1] not in self.graph.initializers or self.plan.placement.get(conv.name) != "BPU":
+                return None
+            source = self.plan.edges.get((conv.name, 0))
+            return (conv, None) if source is not None and source[1] == "int8" else None
         if kinds not in (["Conv"], ["Conv", "Relu"], ["Conv", "Add"], ["Conv", "Add", "Relu"]):
             return None
-        conv = chain[0]
         if conv.name not in self.plan.weights or conv.name in self.equalized or self.plan.placement.get(conv.name) != "BPU":
             return None
         source = self.plan.edges.get((conv.name, 0))
