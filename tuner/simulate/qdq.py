@@ -22,7 +22,7 @@ from tuner.graph.hz import HB_HARD_SIGMOID
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
 from tuner.simulate.adjust import QMAX16, adjustment
-from tuner.simulate.intconv import emulation, requant, residual_gain
+from tuner.simulate.intconv import emulation, hard_sigmoid_table, requant, residual_gain
 from tuner.simulate.perchannel import CONV_HEADS, channel_scales, channel_top, fusion_heads, head
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import PlanScales, Scale, Scales, channelwise
@@ -157,8 +157,8 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
                     fused: bool = False, plain_per_channel: bool = False, int_conv: bool = False) -> onnx.ModelProto:
     """The simulated model of ``plan``; ``extra_outputs`` exposes intermediate tensors (for per-node tables).
 
-    ``int_conv``: BPU Convs with an int8 input requantize as hb's integer kernel does
-    (tuner.simulate.intconv; off by default: see there why).
+    ``int_conv``: BPU Convs (and lowered Muls) with an int8 input requantize as hb's integer kernel does, and
+    BPU HardSigmoids read hb's table (tuner.simulate.intconv; off by default: see there why).
 
     ``plain_per_channel``: the model ``default``'s comparison scores a per-channel method on
     (docs/hb_rules/quantizer.md §1.5: "during default's comparison the per-channel candidates are evaluated
@@ -302,6 +302,46 @@ class _Build:
                 self.memo[gain_key] = numpy_helper.from_array(g_res, f"{add}__ic_res{k_res}")
             self.residual_gains[(add, k_res)] = self.memo[gain_key]
         return str(nodes[-1].output[0])
+
+    def int_table(self, n: Node, proto: onnx.NodeProto) -> onnx.NodeProto | None:
+        """A BPU HardSigmoid between int8 points as hb's table (tuner.simulate.intconv.hard_sigmoid_table): the
+        input's integer picks the table's value, already on the output's grid; None where a point is not
+        int8 per tensor."""
+        src = self.plan.edges.get((n.name, 0))
+        out = n.outputs[0]
+        readers = [(t, d) for (_node, _k), (t, d) in self.plan.edges.items() if t == out]
+        if src is None or src[1] != "int8" or not readers or any(d != "int8" for _t, d in readers):
+            return None
+        s_in = self.point_scale(src[0], "int8", False)
+        s_out = self.point_scale(out, "int8", False)
+        if s_in.axis is not None or s_out.axis is not None or np.asarray(s_in.zero_point).any() \
+                or np.asarray(s_out.zero_point).any():
+            return None
+        key = ("inttable", n.name, float(s_in.scale), float(s_out.scale))
+        if key not in self.memo:
+            values = hard_sigmoid_table(s_in.threshold, s_out.threshold).astype(np.float32) * np.float32(s_out.scale)
+            base = f"{n.name}__lut"
+            inits = [numpy_helper.from_array(values, f"{base}_t"),
+                     numpy_helper.from_array(np.asarray(1.0 / float(s_in.scale), np.float32), f"{base}_inv"),
+                     numpy_helper.from_array(np.asarray(128.0, np.float32), f"{base}_off")]
+            x = proto.input[0]
+            nodes = [onnx.NodeProto(op_type="Mul", name=f"{base}_q", input=[x, inits[1].name], output=[f"{base}_q"]),
+                     onnx.NodeProto(op_type="Round", name=f"{base}_r", input=[f"{base}_q"], output=[f"{base}_r"]),
+                     onnx.NodeProto(op_type="Add", name=f"{base}_i", input=[f"{base}_r", inits[2].name],
+                                    output=[f"{base}_i"]),
+                     helper.make_node("Cast", [f"{base}_i"], [f"{base}_idx"], name=f"{base}_idx", to=onnx.TensorProto.INT64)]
+            gather = onnx.NodeProto(op_type="Gather", name=n.name, input=[inits[0].name, f"{base}_idx"],
+                                    output=list(proto.output))
+            self.memo[key] = (inits, nodes, gather)
+        inits, nodes, gather = self.memo[key]
+        for t in inits:
+            self.new_inits.setdefault(t.name, t)
+        self.before[n.name] = list(nodes)
+        g = onnx.NodeProto()
+        g.CopyFrom(gather)
+        del g.output[:]
+        g.output.extend(proto.output)
+        return g
 
     def scale_residuals(self) -> None:
         """Each fused residual Add that :meth:`int_conv` simulates reads its residual times the gain that puts
@@ -481,8 +521,8 @@ class _Build:
             if n.name in self.plan.softmax:   # hb_mapper's six quantized parts (tuner.graph.optimize.softmax_parts)
                 nodes += self.softmax_parts(n, opset)
                 continue
-            nodes.extend(self.before.get(n.name, []))
             proto = self.node(n)
+            nodes.extend(self.before.get(n.name, []))
             nodes.append(proto)
             for out in proto.output:
                 nodes.extend(self.qdq_after.get(out, []))
@@ -533,6 +573,9 @@ class _Build:
                 proto.output[k] = self.raw[name]
         if self.plan.bpu_tables and n.op_type in HB_TABLES and on_bpu:
             set_hb_table(proto, HB_TABLES[n.op_type])
+            table = self.int_table(n, proto) if self.int_conv_on else None
+            if table is not None:
+                return table
         if n.name in self.plan.weights:
             self.weight(n, proto)
         return proto

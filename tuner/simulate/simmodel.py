@@ -35,7 +35,7 @@ class SimModel:
         # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
         # (same values, bit for bit; tuner.runtime.fakequant).
         self.fused = fakequant.library() is not None
-        # hb's integer Conv requantization (tuner.simulate.intconv): opt-in, TUNER_INTCONV=1
+        # hb's integer Conv requantization and HardSigmoid table (tuner.simulate.intconv): opt-in, TUNER_INTCONV=1
         self.int_conv = intconv.enabled()
         self.weights = WeightCache()
         self.external = ExternalWeights()
