@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tuner.calib.methods import threshold
 from tuner.candidate import Calibration, Candidate
+from tuner.simulate.intconv import hard_sigmoid_table
 from tuner.simulate.qdq import plan_scales
 from tuner.simulate.scales import FIXED_INPUT, SOFTMAX_EXP
 from tuner.workspace import Workspace
@@ -256,3 +257,49 @@ def test_the_simulated_gate_table_is_hbs_table(hb_toolchain, toy):
     assert (table == simulated({"alpha": 0.2, "beta": 0.5})).mean() < 0.5       # the node's own slope: far off
     assert (ours != table).sum() <= 16 < (half_even != table).sum()             # 13 and 57 on PP-OCR's
     assert abs((table - ours).mean()) < abs((table - half_even).mean())
+
+
+def test_the_int_table_rule_is_hbs_table(hb_toolchain, toy):
+    """tuner.simulate.intconv.hard_sigmoid_table (TUNER_INTCONV's HardSigmoid) from the real calibrated model's
+    thresholds is the SE gate's stored table in all 256 entries."""
+    from onnx import numpy_helper as nh
+
+    from tuner.simulate.intconv import hard_sigmoid_table
+
+    cfg, _ = toy
+    conv = _convert(hb_toolchain, cfg, Calibration("max"))
+    quantized = onnx.load(str(conv.model("quantized")))
+    table = next(nh.to_array(t) for t in quantized.graph.initializer if t.name == "/se/hsig_table_params")
+    real = _real_thresholds(conv)
+    assert np.array_equal(hard_sigmoid_table(real["/se/fc"][1], real["/se/hsig"][1]), table)
+
+
+def test_the_int_table_is_what_the_simulation_computes(toy, monkeypatch):
+    """With TUNER_INTCONV=1 the simulated SE gate reads hb's table (tuner.simulate.intconv.hard_sigmoid_table):
+    each output code is the table's entry at the input's code, on every calibration sample; tuner's float
+    HardSigmoid (the default) misses some."""
+    cfg, _ = toy
+    differ = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("TUNER_INTCONV", on)
+        ws = Workspace.open(cfg)
+        sim = ws.simulator
+        cand = Candidate.make(Calibration("max"))
+        cal, _ = sim.resolve(cand)
+        plan = sim.plan(cand, cal)
+        scales = plan_scales(sim.scales(cal), plan)
+        s_in, s_out = scales.get("/se/fc", "int8"), scales.get("/se/hsig", "int8")
+        proto = sim.side.build(plan, sim.scales(cal), {}, [], False)
+        names = ["/se/fc__int8_dq", "/se/hsig__int8_dq"]
+        for name in names:
+            proto.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+        session = sim.side.session(proto)
+        table = hard_sigmoid_table(s_in.threshold, s_out.threshold)
+        count = 0
+        for path in sorted((cfg.parent / "cal").glob("*.bin")):
+            x = np.fromfile(path, np.float32).reshape(1, 4, 8, 8)
+            a, b = session.run(names, {"x": x})
+            codes = np.rint(a / np.float32(s_in.scale)).astype(np.int64)
+            count += int((np.rint(b / np.float32(s_out.scale)) != table[codes + 128]).sum())
+        differ[on] = count
+    assert differ["1"] == 0 and differ["0"] > 0, differ

@@ -18,6 +18,7 @@ from tuner.graph.softmax import expand_softmax
 from tuner.inputs.model import LoadedModel
 from tuner.runtime import fakequant
 from tuner.runtime.session import make_session, with_outputs
+from tuner.simulate import intconv
 from tuner.simulate.plan import Plan
 from tuner.simulate.qdq import build_sim_model
 from tuner.simulate.scales import Scales
@@ -34,6 +35,8 @@ class SimModel:
         # One FakeQuant node per quantization point when its kernel builds here, else Q/DQ pairs
         # (same values, bit for bit; tuner.runtime.fakequant).
         self.fused = fakequant.library() is not None
+        # hb's integer Conv requantization and HardSigmoid table (tuner.simulate.intconv): opt-in, TUNER_INTCONV=1
+        self.int_conv = intconv.enabled()
         self.weights = WeightCache()
         self.external = ExternalWeights()
         # the float model with every node's output, by (tensors, softmax expanded): one at a time
@@ -52,7 +55,7 @@ class SimModel:
         is the caller's (its entries depend on the calibration statistics too)."""
         return build_sim_model(self.model.proto, self.graph, self.target, plan, scales, self.weights,
                                extra_outputs=extra, external=self.external, memo=memo, fused=self.fused,
-                               plain_per_channel=plain)
+                               plain_per_channel=plain, int_conv=self.int_conv)
 
     def session(self, proto: onnx.ModelProto) -> ort.InferenceSession:
         """An onnxruntime session of a model :meth:`build` made (its static tensors passed once)."""
