@@ -133,3 +133,21 @@ def test_a_rerun_on_the_same_yaml_is_answered_from_the_cache(tiny_project, tmp_p
     tiny_project.write_text(tiny_project.read_text().replace("per_channel: False", "per_channel: True"))
     changed = run("sensitivity", tiny_project, env=env)
     assert changed.returncode == 0 and calls == {"alone": 2, "gains": 2} and "from the cache" not in changed.stderr
+
+
+def test_the_opt_in_integer_kernels_do_not_reuse_a_ranking_made_without_them(tmp_path, monkeypatch):
+    """TUNER_INTCONV=1 (tuner.simulate.intconv) changes every simulated gain: a cached ranking of the plain
+    simulator is not answered from the file, it is computed again (and the other way round)."""
+    from tuner.study.space import load_space
+    from tuner.study.warmstart import node_sensitivity
+    from tuner.workspace import Workspace
+
+    space = load_space(write_tiny_space(tmp_path))
+    cache = tmp_path / "sensitivity.json"
+    node_sensitivity(space, Workspace.for_space(space), cache)
+    calls: list = []
+    node_sensitivity(space, Workspace.for_space(space), cache, lambda i, n: calls.append(i))
+    assert calls == []                                        # the same simulator: from the file
+    monkeypatch.setenv("TUNER_INTCONV", "1")
+    node_sensitivity(space, Workspace.for_space(space), cache, lambda i, n: calls.append(i))
+    assert calls                                              # the integer kernels: computed again

@@ -16,6 +16,7 @@ from typing import Any
 
 from tuner.candidate import Calibration, Candidate
 from tuner.sensitivity import FIXES, cached_sensitivity, leave_one_fixed, ranking
+from tuner.simulate import intconv
 from tuner.study.sections import CalibrationKnobs
 from tuner.study.space import ResolvedSpace, SearchSpace, free_nodes
 from tuner.workspace import Workspace
@@ -145,6 +146,7 @@ def node_gains(space: SearchSpace, ws: Workspace, cache: Path,
     nodes = free_nodes(space, ws.graph, ws.target)
     ref = Candidate.make(reference_calibration(space, base), dict(base.nodes), base.optimization)
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
-                    ref.key(), metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES)])
+                    ref.key(), metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES)]
+                   + (["intconv"] if intconv.enabled() else []))   # the opt-in integer kernels change every gain
     return cached_sensitivity(cache, key, lambda done, save: leave_one_fixed(ws.simulator, ref, nodes, metric,
                                                                           progress, done, save))
