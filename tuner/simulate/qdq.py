@@ -22,7 +22,7 @@ from tuner.graph.hz import HB_HARD_SIGMOID
 from tuner.graph.softmax import softmax_parts
 from tuner.runtime import fakequant
 from tuner.simulate.adjust import QMAX16, adjustment
-from tuner.simulate.intconv import emulation, hard_sigmoid_table, requant, residual_gain
+from tuner.simulate.intbuild import IntKernels
 from tuner.simulate.perchannel import CONV_HEADS, channel_scales, channel_top, fusion_heads, head
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import PlanScales, Scale, Scales, channelwise
@@ -176,7 +176,7 @@ def build_sim_model(base: onnx.ModelProto, graph: Graph, target: Target, plan: P
     return _assemble(base, nodes, build.new_inits, build.weight_names, build.raw, extra_outputs or [], external)
 
 
-class _Build:
+class _Build(IntKernels):
     """One build of a simulated model: what its rules share (the quantization points made so far, the
     initializers it adds) and the rules themselves, one method each."""
 
@@ -250,159 +250,6 @@ class _Build:
             src = self.int_conv(tensor, dtype, src, s)
         self.made[key] = self.emit(tensor, dtype, src, s, source or tensor)
         return self.made[key]
-
-    def int_conv(self, tensor: str, dtype: str, src: str, s: Scale) -> str:
-        """``src`` as hb's integer Conv kernel leaves it (tuner.simulate.intconv), where ``tensor`` is the output
-        of a BPU Conv group with an int8 input (:meth:`_int_conv_head`); else ``src`` itself."""
-        found = self._int_conv_head(tensor, dtype, s)
-        if found is None:
-            return src
-        conv, residual = found
-        s_res = residual[2] if residual is not None else None
-        source = self.plan.edges[(conv.name, 0)]
-        s_in = self.point_scale(source[0], source[1], False)
-        if s_in.axis is not None or np.asarray(s_in.zero_point).any():
-            return src
-        shape = self.graph.shapes.get(tensor)
-        if shape is None or len(shape) != 4 or not shape[1]:
-            return src
-        if conv.op_type == "HzChannelScale":   # its constant k is the weight, on |k| / 127 (an int8 weight of 127)
-            gain = np.abs(numpy_helper.to_array(self.graph.initializers[conv.inputs[1]]).astype(np.float64)).ravel()
-            s_w = np.broadcast_to(gain / 127.0, (int(shape[1]),)).copy() if gain.size in (1, shape[1]) else gain[:0]
-        else:
-            idx, axis = self.target.weight_ops[conv.op_type]
-            qw = weight_rule(conv, self.graph.initializers[conv.inputs[idx]],
-                             weight_axis(conv.proto, conv.op_type, axis), s_in, self.scales, self.weights, self.memo)
-            s_w = np.asarray(qw.scales, np.float64).ravel()
-        if shape[1] != s_w.size:
-            return src
-        key = ("intconv", tensor, dtype, src, float(s_in.scale), s_w.tobytes(), float(s.scale), s_res)
-        if key not in self.memo:
-            s_out = float(s.scale)
-            rq = requant(float(s_in.scale), s_w, s_out, dtype)
-            consts = emulation(rq, float(s_in.scale) * s_w, s_out, s_res)
-            base = f"{tensor}__ic_{dtype}"
-            inits = [numpy_helper.from_array(v.astype(np.float32).reshape(1, -1, 1, 1), f"{base}_{k}")
-                     for k, v in zip("acm", consts)]
-            inits.append(numpy_helper.from_array(np.asarray(s_out, np.float32), f"{base}_s"))
-            nodes = [onnx.NodeProto(op_type=op, name=f"{base}_{k}", input=ins, output=[f"{base}_{k}"])
-                     for k, op, ins in (("x", "Mul", [src, inits[0].name]), ("xc", "Add", [f"{base}_x", inits[1].name]),
-                                        ("u", "Floor", [f"{base}_xc"]), ("um", "Mul", [f"{base}_u", inits[2].name]),
-                                        ("v", "Floor", [f"{base}_um"]), ("y", "Mul", [f"{base}_v", inits[3].name]))]
-            self.memo[key] = (inits, nodes)
-        inits, nodes = self.memo[key]
-        for t in inits:
-            self.new_inits.setdefault(t.name, t)
-        self.qdq_after[src] += nodes
-        if residual is not None:
-            add, k_res, s_r = residual
-            gain_key = ("intconv_res", add, k_res, float(s_in.scale), s_w.tobytes(), s_r)
-            if gain_key not in self.memo:
-                g_res = residual_gain(float(s_in.scale) * s_w, s_r).astype(np.float32).reshape(1, -1, 1, 1)
-                self.memo[gain_key] = numpy_helper.from_array(g_res, f"{add}__ic_res{k_res}")
-            self.residual_gains[(add, k_res)] = self.memo[gain_key]
-        return str(nodes[-1].output[0])
-
-    def int_table(self, n: Node, proto: onnx.NodeProto) -> onnx.NodeProto | None:
-        """A BPU HardSigmoid between int8 points as hb's table (tuner.simulate.intconv.hard_sigmoid_table): the
-        input's integer picks the table's value, already on the output's grid; None where a point is not
-        int8 per tensor."""
-        src = self.plan.edges.get((n.name, 0))
-        out = n.outputs[0]
-        readers = [(t, d) for (_node, _k), (t, d) in self.plan.edges.items() if t == out]
-        if src is None or src[1] != "int8" or not readers or any(d != "int8" for _t, d in readers):
-            return None
-        s_in = self.point_scale(src[0], "int8", False)
-        s_out = self.point_scale(out, "int8", False)
-        if s_in.axis is not None or s_out.axis is not None or np.asarray(s_in.zero_point).any() \
-                or np.asarray(s_out.zero_point).any():
-            return None
-        key = ("inttable", n.name, float(s_in.scale), float(s_out.scale))
-        if key not in self.memo:
-            values = hard_sigmoid_table(s_in.threshold, s_out.threshold).astype(np.float32) * np.float32(s_out.scale)
-            base = f"{n.name}__lut"
-            inits = [numpy_helper.from_array(values, f"{base}_t"),
-                     numpy_helper.from_array(np.asarray(1.0 / float(s_in.scale), np.float32), f"{base}_inv"),
-                     numpy_helper.from_array(np.asarray(128.0, np.float32), f"{base}_off")]
-            x = proto.input[0]
-            nodes = [onnx.NodeProto(op_type="Mul", name=f"{base}_q", input=[x, inits[1].name], output=[f"{base}_q"]),
-                     onnx.NodeProto(op_type="Round", name=f"{base}_r", input=[f"{base}_q"], output=[f"{base}_r"]),
-                     onnx.NodeProto(op_type="Add", name=f"{base}_i", input=[f"{base}_r", inits[2].name],
-                                    output=[f"{base}_i"]),
-                     helper.make_node("Cast", [f"{base}_i"], [f"{base}_idx"], name=f"{base}_idx", to=onnx.TensorProto.INT64)]
-            gather = onnx.NodeProto(op_type="Gather", name=n.name, input=[inits[0].name, f"{base}_idx"],
-                                    output=list(proto.output))
-            self.memo[key] = (inits, nodes, gather)
-        inits, nodes, gather = self.memo[key]
-        for t in inits:
-            self.new_inits.setdefault(t.name, t)
-        self.before[n.name] = list(nodes)
-        g = onnx.NodeProto()
-        g.CopyFrom(gather)
-        del g.output[:]
-        g.output.extend(proto.output)
-        return g
-
-    def scale_residuals(self) -> None:
-        """Each fused residual Add that :meth:`int_conv` simulates reads its residual times the gain that puts
-        it on hb's ``e_scale / 2^sh`` grid (tuner.simulate.intconv.residual_gain), one Mul before the Add."""
-        for (add, k), gain in self.residual_gains.items():
-            src = self.inputs_of[(add, k)]
-            out = f"{gain.name}_y"
-            self.new_inits[gain.name] = gain
-            self.before[add].append(onnx.NodeProto(op_type="Mul", name=out, input=[src, gain.name], output=[out]))
-            self.inputs_of[(add, k)] = out
-
-    def _int_conv_head(self, tensor: str, dtype: str,
-                       s: Scale) -> tuple[Node, tuple[str, int, float] | None] | None:
-        """The Conv of the BPU group writing ``tensor`` whose requantization hb's integer kernel does, as
-        measured (tuner.simulate.intconv): a Conv, alone or with a fused residual Add, then a fused Relu or
-        none, or a lowered Mul (HzChannelScale) with or without a Relu; int8 input, int8/int16 output, a
-        Conv's bias (if any) on the int32 grid. With it (the Add, the
-        residual's input index, its step), None without an Add. None where tuner's rounding stays (a model output, an equalized input,
-        a per-channel residual, another group)."""
-        if not self.target.quantize_bias or dtype not in ("int8", "int16") or np.asarray(s.zero_point).any() \
-                or tensor in self.plan.outputs or tensor in self.graph.output_names or self.plain:
-            return None
-        producer = self.graph.producer.get(tensor)
-        if producer is None:
-            return None
-        into = fusion_heads(self.graph, self.plan)
-        chain = [producer]
-        while chain[-1].name in into and len(chain) < 4:
-            chain.append(into[chain[-1].name])
-        chain.reverse()
-        kinds = [n.op_type for n in chain]
-        conv = chain[0]
-        if kinds[0] == "HzChannelScale":       # a Mul by a constant (+ a constant Add): a 1x1 depthwise Conv in hb
-            if kinds not in (["HzChannelScale"], ["HzChannelScale", "Relu"]) or len(conv.inputs) < 2 \
-                    or conv.inputs[1] not in self.graph.initializers or self.plan.placement.get(conv.name) != "BPU":
-                return None
-            source = self.plan.edges.get((conv.name, 0))
-            return (conv, None) if source is not None and source[1] == "int8" else None
-        if kinds not in (["Conv"], ["Conv", "Relu"], ["Conv", "Add"], ["Conv", "Add", "Relu"]):
-            return None
-        if conv.name not in self.plan.weights or conv.name in self.equalized or self.plan.placement.get(conv.name) != "BPU":
-            return None
-        source = self.plan.edges.get((conv.name, 0))
-        if source is None or source[1] != "int8":
-            return None
-        bias = conv.inputs[2] if len(conv.inputs) > 2 else ""
-        if bias and bias not in self.graph.initializers:
-            return None
-        if len(chain) < 2 or chain[1].op_type != "Add":
-            return conv, None
-        add = chain[1]
-        if len(add.inputs) != 2 or conv.outputs[0] not in add.inputs:
-            return None
-        k = 1 - list(add.inputs).index(conv.outputs[0])
-        residual = self.plan.edges.get((add.name, k))
-        if residual is None or residual[0] in self.per_channel or residual[1] != "int8":
-            return None
-        s_r = self.point_scale(residual[0], residual[1], False)
-        if s_r.axis is not None or np.asarray(s_r.zero_point).any():
-            return None
-        return conv, (add.name, k, float(s_r.scale))
 
     def _producer_rounded(self, tensor: str, pre: str, src: str, source: str | None) -> str:
         """The producer emits another dtype (a Resize's or a ConvTranspose's int8 read in int16): hb rounds
