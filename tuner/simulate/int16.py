@@ -21,7 +21,7 @@ def resolve_groups(graph: Graph, target: Target, candidate: Candidate, placement
     Conv+Add(+Relu) groups an int16 residual input unfuses (which changes the int16 groups in turn: two
     rounds at most in practice), and the Conv+Clip groups an int16 entry on the Clip unfuses."""
     all_groups = fusion_groups(graph, target)
-    unfused = {i for i, g in enumerate(all_groups) if _clip_entries_unfuse(g, candidate)}
+    unfused = {i for i, g in enumerate(all_groups) if clip_entries_unfuse(g, candidate)}
     while True:
         rules = _Rules(graph, target, candidate, placement, [g for i, g in enumerate(all_groups) if i not in unfused],
                        all_int16, all_groups)
@@ -43,11 +43,11 @@ REQUANTIZING_PASSIVE = frozenset({"MaxPool"})
 #: Members fused after a Conv whose InputType int16 hb takes as a request on the group's output (toys U2, U5: a
 #: Relu of Conv+Relu; V6: the Relu of Conv+Add+Relu; X5: the Clip of Conv+Add+Clip; R7: the Add of
 #: Conv+Add+Relu, which its int16 inputs unfuse as well: its Relu output int16). A Clip fused after a Conv
-#: alone is unfused by such an entry instead (:func:`_clip_entries_unfuse`).
+#: alone is unfused by such an entry instead (:func:`clip_entries_unfuse`).
 GROUP_OUTPUT_ACTS = frozenset({"Relu", "Clip", "Add"})
 
 
-def _clip_entries_unfuse(group: list[Node], candidate: Candidate) -> bool:
+def clip_entries_unfuse(group: list[Node], candidate: Candidate) -> bool:
     """A Conv+Clip group whose Clip carries an int16 ``InputType``/``OutputType`` in node_info is not fused:
     the Conv's output gets an int16 calibration of its own and the Clip is a table with its input's
     threshold (toys W5, X4: ``c0`` out int16 at 9.72 and 18.6, the Clip a row of its own; the example's

@@ -14,6 +14,7 @@ from __future__ import annotations
 from tuner.candidate import Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Node, Target, fusion_groups
+from tuner.simulate.int16 import clip_entries_unfuse
 
 
 def place(graph: Graph, target: Target, candidate: Candidate) -> tuple[dict[str, str], list[str]]:
@@ -154,10 +155,13 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
         head = group[0]
         if placement.get(head.name) == "CPU" and head.op_type in ("Conv", "ConvTranspose") and len(group) > 1:
             nxt = group[1]
-            # an int16 entry does not keep it (the latency benchmark's pareto_t23 on the example:
-            # ``/enc3/enc3.0/act/Relu`` with InputType int16 is on the CPU with its ``ON: CPU`` Conv)
+            # an int16 entry does not keep a Relu (the latency benchmark's pareto_t23 on the example:
+            # ``/enc3/enc3.0/act/Relu`` with InputType int16 is on the CPU with its ``ON: CPU`` Conv), but it
+            # unfuses a Conv+Clip (int16.clip_entries_unfuse) and that Clip stays on the BPU
+            # (tests/toolchain/test_placement_real.py: InputType or OutputType int16 on the Clip; `tuner verify
+            # --local` on the example, ``/radar/act/Clip`` InputType int16 after an ``ON: CPU`` ``/radar/conv/Conv``)
             if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" \
-                    and candidate.setting(nxt.name).on is None:
+                    and candidate.setting(nxt.name).on is None and not clip_entries_unfuse(group, candidate):
                 placement[nxt.name] = "CPU"
                 moved.append((nxt.name, f"follows its Conv {head.name} to the CPU"))
     tail_of = {g[-1].name: g[0] for g in fusion_groups(graph, target)}
