@@ -46,3 +46,39 @@ def test_a_cpu_convs_activation_is_where_hb_puts_it(hb_toolchain, tmp_path, case
     assert "/conv_a" in real.cpu_nodes
     assert ("/act" in plan.cpu_nodes) == ("/act" in real.cpu_nodes), (real.cpu_nodes, plan.cpu_nodes)
     assert ws.simulator.evaluate(ws.base_candidate()).outputs          # and the plan simulates
+
+
+PULLED = {
+    # node_info of the decoder toy -> hb's CPU nodes
+    "cat": "{'/cat': {'ON': 'CPU'}}",
+    "cat_conv2": "{'/cat': {'ON': 'CPU'}, '/conv_2': {'ON': 'CPU'}}",
+    "conv2": "{'/conv_2': {'ON': 'CPU'}}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(PULLED))
+def test_a_resize_follows_a_cpu_concat_only_when_the_concat_feeds_the_cpu(hb_toolchain, tmp_path, case):
+    """x -> Conv_s; Conv_1 + Relu -> Resize -> Concat(., Conv_s) -> Conv_2 + Relu -> Conv_3: the Resize goes to
+    the CPU with the Concat when the Concat's reader is there too (hb moves the Concat itself in ``conv2``), and
+    stays on the BPU when the Concat is on the CPU by its own entry but feeds a BPU Conv (``cat``: hb's CPU
+    nodes are the Concat alone). Found on the example by `tuner verify --local` (``/Concat_3`` and ``/Concat_4``
+    ``ON: CPU``: their Resizes stayed on the BPU, tuner moved them)."""
+    from helpers import Toy
+
+    from tuner.toolchain.hbrun import CompileKnobs, convert
+
+    t = Toy()
+    s = t.conv("/conv_s", "x", 8, 8)
+    a = t.op("Relu", "/relu_1", [t.conv("/conv_1", s, 8, 8)])
+    up = t.op("Resize", "/up", [a, t.const("roi", []), t.const("scales", [1, 1, 1, 1])], mode="nearest")
+    cat = t.op("Concat", "/cat", [up, s], axis=1)
+    b = t.op("Relu", "/relu_2", [t.conv("/conv_2", cat, 16, 8)])
+    root = tmp_path / case
+    root.mkdir()
+    cfg = t.project(root, [t.conv("/conv_3", b, 8, 8)], node_info=PULLED[case])
+    real = convert(hb_toolchain, cfg, CompileKnobs(optimize_level="O0"))
+    assert real.ok, real.error
+    ws = Workspace.open(cfg)
+    plan = ws.simulator.plan(ws.base_candidate())
+    assert sorted(plan.cpu_nodes) == sorted(real.cpu_nodes)
+    assert ("/up" in real.cpu_nodes) == (case != "cat")

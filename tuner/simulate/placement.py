@@ -170,9 +170,27 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
     # accumulator) or one of the set's
     going = {n.name for n in graph if placement.get(n.name) == "BPU" and n.op_type in CPU_PULLED_OPS and free(n.name)}
 
+    def readers(node: Node) -> list[Node]:
+        return [c for o in node.outputs if o for c, _ in graph.consumers.get(o, [])]
+
+    def pulls(node: Node, seen: frozenset[str] = frozenset()) -> bool:
+        """A reader on the CPU pulls: a pulled op that is on the CPU (by an entry of its own, or moved
+        before) only when its own readers pull in turn (toy: Conv+Relu -> Resize -> Concat -> Conv with
+        ``ON: CPU`` on the Concat alone leaves the Resize on the BPU, with the Conv after it on the CPU too the
+        Resize goes; the example's Pareto trials with ``/Concat_3`` and ``/Concat_4`` on the CPU: their
+        Resizes stay, tests/toolchain/test_placement_real.py)."""
+        if node.name in going:
+            return True
+        if placement[node.name] != "CPU":
+            return False
+        if node.op_type not in CPU_PULLED_OPS or node.name in seen:
+            return True
+        rs = readers(node)
+        return all(pulls(r, seen | {node.name}) for r in rs)
+
     def stays(node: Node) -> bool:
-        readers = [c for o in node.outputs if o for c, _ in graph.consumers.get(o, [])]
-        if not readers or any(placement[c.name] != "CPU" and c.name not in going for c in readers):
+        rs = readers(node)
+        if not rs or not all(pulls(c) for c in rs):
             return True
         for _, t in graph.data_inputs(node):
             p = graph.producer.get(t)
