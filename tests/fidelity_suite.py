@@ -47,6 +47,8 @@ EXAMPLE_CASES = CALIBRATIONS + (
     Case("int16_2convs", node_info={"/stem/conv/Conv": dict(INT16), "/fuse/conv/Conv": dict(INT16)}),
     Case("cpu_interior", node_info={"/Mul_1": {"ON": "CPU"}}),
     Case("cpu_slice", node_info={"/Slice": {"ON": "CPU"}}),
+    # the first Conv on the CPU: /Slice stays on the BPU in int8 (the input is shared by three Slices)
+    Case("cpu_stem", node_info={"/stem/conv/Conv": {"ON": "CPU"}}),
     # two decoder Convs on the CPU: hb moves their Relus, the Resize and the Concat between them there too
     Case("cpu_decoder", node_info={"/dec2/conv/Conv": {"ON": "CPU"}, "/dec3/conv/Conv": {"ON": "CPU"}}),
     Case("best", {"calibration_type": "default"}, node_info={"/Slice": dict(INT16)}),

@@ -82,3 +82,50 @@ def test_a_resize_follows_a_cpu_concat_only_when_the_concat_feeds_the_cpu(hb_too
     plan = ws.simulator.plan(ws.base_candidate())
     assert sorted(plan.cpu_nodes) == sorted(real.cpu_nodes)
     assert ("/up" in real.cpu_nodes) == (case != "cat")
+
+
+SLICES = {
+    # (the slices of x, node_info) -> hb's CPU nodes
+    "one_slice_cpu_conv": (1, "{'/conv_c': {'ON': 'CPU'}}", ["/conv_c", "/sa"]),
+    "two_slices_cpu_conv": (2, "{'/conv_c': {'ON': 'CPU'}}", ["/conv_c"]),
+    "concat_cpu_reader": (3, "{'/conv_c': {'ON': 'CPU'}}", ["/cat", "/conv_c"]),
+    "concat_cpu_reader_int16_slice": (3, "{'/conv_c': {'ON': 'CPU'}, '/sb': {'InputType': 'int16', 'OutputType': 'int16'}}",
+                                      ["/cat", "/conv_c"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLICES))
+def test_a_slice_of_a_shared_model_input_stays_on_the_bpu(hb_toolchain, tmp_path, case):
+    """x -> Slice(s) -> ...: a Slice whose CPU reader (a Conv, or a Concat that follows its CPU Conv) would pull
+    it goes to the CPU when it is the input's only reader and stays on the BPU when another BPU node reads the
+    input; a Concat of a constant Mul of one Slice and the other Slice then goes to the CPU, int16 entry on the
+    Slice or not. Found on the example by `tuner verify --local` (its /Concat of /Mul and /Slice_2 before the
+    CPU /radar/conv/Conv: on the CPU in hb, not in tuner) and its /stem/conv/Conv on the CPU (/Slice stays on
+    the BPU, in int8: fidelity case cpu_stem)."""
+    import numpy as np
+    from helpers import Toy
+
+    from tuner.toolchain.hbrun import CompileKnobs, convert
+
+    kind, info, want = SLICES[case]
+    t = Toy()
+    ax = t.const("ax", [1], np.int64)
+    a = t.op("Slice", "/sa", ["x", t.const("s0", [0], np.int64), t.const("e0", [4], np.int64), ax])
+    outs = []
+    if kind == 3:
+        b = t.op("Slice", "/sb", ["x", t.const("s1", [4], np.int64), t.const("e1", [8], np.int64), ax])
+        cat = t.op("Concat", "/cat", [t.op("Mul", "/mul", [a, t.const("k", 0.5)]), b], axis=1)
+        outs.append(t.conv("/conv_y", t.conv("/conv_c", cat, 8, 8), 8, 8))
+    else:
+        outs.append(t.conv("/conv_y", t.conv("/conv_c", a, 4, 8), 8, 8))
+        if kind == 2:
+            b = t.op("Slice", "/sb", ["x", t.const("s1", [4], np.int64), t.const("e1", [8], np.int64), ax])
+            outs.append(t.conv("/conv_z", b, 4, 8))
+    root = tmp_path / case
+    root.mkdir()
+    cfg = t.project(root, outs, node_info=info)
+    real = convert(hb_toolchain, cfg, CompileKnobs(optimize_level="O0"))
+    assert real.ok, real.error
+    assert sorted(real.cpu_nodes) == want
+    ws = Workspace.open(cfg)
+    assert sorted(ws.simulator.plan(ws.base_candidate()).cpu_nodes) == want

@@ -47,6 +47,16 @@ REQUANTIZING_PASSIVE = frozenset({"MaxPool"})
 GROUP_OUTPUT_ACTS = frozenset({"Relu", "Clip", "Add"})
 
 
+def shared_input_slice(graph: Graph, node: Node, placement: dict[str, str]) -> bool:
+    """A Slice of a model input that another BPU node reads too: hb keeps it on the BPU, in the input's int8,
+    whatever reads it (tuner.simulate.int16's high precision does not apply: the example with
+    ``/stem/conv/Conv`` on the CPU keeps ``/Slice`` int8 on the BPU, its outputs' real cosine 0.643 / 0.900
+    as all-BPU int8)."""
+    if node.op_type != "Slice" or not node.inputs or node.inputs[0] not in graph.input_names:
+        return False
+    return any(c.name != node.name and placement.get(c.name) == "BPU" for c, _ in graph.consumers.get(node.inputs[0], []))
+
+
 def clip_entries_unfuse(group: list[Node], candidate: Candidate) -> bool:
     """A Conv+Clip group whose Clip carries an int16 ``InputType``/``OutputType`` in node_info is not fused:
     the Conv's output gets an int16 calibration of its own and the Clip is a table with its input's
@@ -145,7 +155,7 @@ class _Rules:
         if not self.target.post_calibration or not node.outputs \
                 or self.leaves_in_int32(node.name) or not self.emits16(node):
             return False
-        if not self.target.int16_output(node.op_type, node.proto):
+        if not self.target.int16_output(node.op_type, node.proto) or shared_input_slice(self.graph, node, self.placement):
             return False
         for o in node.outputs:
             readers = self.graph.consumers.get(o, [])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tuner.candidate import Candidate
 from tuner.errors import TunerError
 from tuner.graph import Graph, Node, Target, fusion_groups
-from tuner.simulate.int16 import clip_entries_unfuse
+from tuner.simulate.int16 import clip_entries_unfuse, shared_input_slice
 
 
 def place(graph: Graph, target: Target, candidate: Candidate) -> tuple[dict[str, str], list[str]]:
@@ -135,6 +135,26 @@ CPU_PULLED_OPS = frozenset({"MaxPool", "AveragePool", "Concat", "Resize", "Slice
 CONV_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
 
+def _activations_follow(graph: Graph, target: Target, candidate: Candidate,
+                        placement: dict[str, str]) -> list[tuple[str, str]]:
+    """A Relu/Clip fused after a CPU Conv goes with it (in place; (node, why) for each moved)."""
+    moved: list[tuple[str, str]] = []
+    for group in fusion_groups(graph, target):
+        head = group[0]
+        if placement.get(head.name) == "CPU" and head.op_type in ("Conv", "ConvTranspose") and len(group) > 1:
+            nxt = group[1]
+            # an int16 entry does not keep a Relu (the latency benchmark's pareto_t23 on the example:
+            # ``/enc3/enc3.0/act/Relu`` with InputType int16 is on the CPU with its ``ON: CPU`` Conv), but it
+            # unfuses a Conv+Clip (int16.clip_entries_unfuse) and that Clip stays on the BPU
+            # (tests/toolchain/test_placement_real.py: InputType or OutputType int16 on the Clip; `tuner verify
+            # --local` on the example, ``/radar/act/Clip`` InputType int16 after an ``ON: CPU`` ``/radar/conv/Conv``)
+            if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" \
+                    and candidate.setting(nxt.name).on is None and not clip_entries_unfuse(group, candidate):
+                placement[nxt.name] = "CPU"
+                moved.append((nxt.name, f"follows its Conv {head.name} to the CPU"))
+    return moved
+
+
 def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placement: dict[str, str]) -> list[str]:
     """hb_mapper's own moves after the requested placement (in place), with a note for each node moved:
     a Relu/Clip fused after a CPU Conv goes with it, and an op of :data:`CPU_PULLED_OPS` whose readers are
@@ -151,24 +171,19 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
     def free(name: str) -> bool:
         return not candidate.setting(name).to_dict()
 
-    for group in fusion_groups(graph, target):
-        head = group[0]
-        if placement.get(head.name) == "CPU" and head.op_type in ("Conv", "ConvTranspose") and len(group) > 1:
-            nxt = group[1]
-            # an int16 entry does not keep a Relu (the latency benchmark's pareto_t23 on the example:
-            # ``/enc3/enc3.0/act/Relu`` with InputType int16 is on the CPU with its ``ON: CPU`` Conv), but it
-            # unfuses a Conv+Clip (int16.clip_entries_unfuse) and that Clip stays on the BPU
-            # (tests/toolchain/test_placement_real.py: InputType or OutputType int16 on the Clip; `tuner verify
-            # --local` on the example, ``/radar/act/Clip`` InputType int16 after an ``ON: CPU`` ``/radar/conv/Conv``)
-            if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" \
-                    and candidate.setting(nxt.name).on is None and not clip_entries_unfuse(group, candidate):
-                placement[nxt.name] = "CPU"
-                moved.append((nxt.name, f"follows its Conv {head.name} to the CPU"))
+    moved += _activations_follow(graph, target, candidate, placement)
     tail_of = {g[-1].name: g[0] for g in fusion_groups(graph, target)}
     # the ops that go: the largest set of free pulled BPU ops each of whose readers is on the CPU or in the set,
     # and each of whose inputs is a model input, a CPU node's, a Conv group's (which leaves the BPU as its int32
     # accumulator) or one of the set's
-    going = {n.name for n in graph if placement.get(n.name) == "BPU" and n.op_type in CPU_PULLED_OPS and free(n.name)}
+    # a Slice of a model input that other BPU nodes read too stays on the BPU (the input's quantization is
+    # shared) and hands its slice over as a model input would (toys x -> two Slices, one -> Mul by a constant ->
+    # Concat -> CPU Conv: hb moves the Concat, not the Slice, with or without an int16 entry on the Slice; x ->
+    # Slice -> CPU Conv: the Slice goes with one Slice, stays with two; the example's /Concat of /Mul and
+    # /Slice_2 before the CPU /radar/conv/Conv; tests/toolchain/test_placement_real.py)
+    input_slices = {n.name for n in graph if shared_input_slice(graph, n, placement)}
+    going = {n.name for n in graph if placement.get(n.name) == "BPU" and n.op_type in CPU_PULLED_OPS and free(n.name)
+             and n.name not in input_slices}
 
     def readers(node: Node) -> list[Node]:
         return [c for o in node.outputs if o for c, _ in graph.consumers.get(o, [])]
@@ -194,7 +209,7 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
             return True
         for _, t in graph.data_inputs(node):
             p = graph.producer.get(t)
-            if p is not None and placement[p.name] == "BPU" and p.name not in going \
+            if p is not None and placement[p.name] == "BPU" and p.name not in going and p.name not in input_slices \
                     and tail_of.get(p.name, p).op_type not in target.int32_output_ops:
                 return True
         return False
