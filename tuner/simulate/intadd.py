@@ -1,4 +1,4 @@
-"""hb's integer element-wise Add (``HzSElementwiseAdd``): how two int8 inputs become its int8 / int16 output.
+"""hb's integer element-wise Add (``HzSElementwiseAdd``): how two int8 / int16 inputs become its int8 / int16 output.
 
 The kernel, measured on PP-OCRv4's 11 Adds (max, a photo; every tensor of the real quantized model read back
 with hmct's executor: 0 of 1.46M outputs differ), with ``a`` and ``b`` the inputs' integers::
@@ -23,13 +23,14 @@ hb splits ``n_out`` 17 / 15 instead of 18 / 14 on one int8 + int16 -> int16 Add,
 15 / 15 for a ratio of exactly 1 on one int16 one. Adds of a constant (a ConvTranspose's bias) are set apart.
 
 Simulated where ``TUNER_INTCONV=1`` (tuner.simulate.intbuild ``int_add``) for a BPU Add not fused into a Conv
-whose two inputs are int8 per tensor: the inputs' integers (Round of the dequantized values over their steps),
-the floored sum in float32 (exact: below 2^23 units of ``2^-accu_right_shift``), the final shift in float64
-(float32 rounds ``t output_scale / 2^output_right_shift`` onto the half below an integer: 150 and 73 of 200000
-random int16 outputs off), then times ``s_out`` into the output's point, which clips. Fed the same input, the
-simulated int8 / int16 tensors then equal hb's on both Adds of tests/simulate/test_intadd.py's toy, and 796
+whose two inputs are int8 / int16 per tensor, in float64 from the dequantized float32 inputs (exact: an int16
+input shifted by ``x_shift`` reaches 2^38): the inputs' integers (Round of the values over their steps), the
+floored sum, the final shift (float32 would round ``t output_scale / 2^output_right_shift`` onto the half below
+an integer: 150 and 73 of 200000 random int16 outputs off), then times ``s_out`` into the output's point, which
+clips. Fed the same input, the simulated tensors then equal hb's on the three Adds of
+tests/simulate/test_intadd.py's toy (int8 + int8 into int8 and into int16, int16 + int8 into int8), and 796
 instead of 600639 of PP-OCRv4's (max, a photo) 12.9M int8/int16 values differ (its 11 Adds: 0 to 2 each).
-Thirteen element-wise ops per Add output.
+Fifteen element-wise ops per Add output.
 """
 
 from __future__ import annotations

@@ -48,14 +48,14 @@ An int16 output misses a few values (float32 error: 4 of 8192 on the toy).
 
 Why it is off by default (``TUNER_INTCONV=1 benchmarks/fidelity.py``, with intadd's Add): the outputs agree
 better on three models, mean |real - sim| output cosine PP-OCRv4 0.0017 -> 0.0015 (8 configurations), rgb/bgr
-0.0046 -> 0.0032, the classifier 0.0018 -> 0.0017 (7; max -0.0022 -> -0.0005, all_int16 +0.0037 -> +0.0048),
+0.0046 -> 0.0032, the classifier 0.0018 -> 0.0015 (7; max -0.0022 -> -0.0005, all_int16 +0.0037 -> +0.0038),
 but not on nv12, 0.0004 -> 0.0007 (3), nor segdepth, 0.00004 -> 0.00007 (18 outputs); the classifier's order
 stays wrong (Spearman 0.565, its GAPS entry) and the per-node cosine medians, measured against hb's calibrated
 (float) model, move away from it (classifier 0.0004 -> 0.0010): the brief's bar (every figure better) is not
-met. Every check passes. Still simulated in float: the int16-reading Convs, Adds with an int16 input,
+met. Every check passes. Still simulated in float: the int16-reading Convs, Adds of a constant,
 HzSElementwiseMul, the other tables, Resize, ConvTranspose. The trial cost: six element-wise ops per Conv
-output, five per table, thirteen per Add (segdepth, benchmarks/trial_cost.py: evaluate / float pass in CPU
-time 1.27x and 1.35x off, 1.56x and 1.58x on, in two runs each; segdepth has one Add simulated).
+output, five per table, fifteen per Add (segdepth, benchmarks/trial_cost.py: evaluate / float pass in CPU
+time 1.27x to 1.35x off in three runs, 1.50x and 1.58x on in two; segdepth has one Add simulated).
 """
 
 from __future__ import annotations
