@@ -12,6 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from tuner.graph import Graph, Node, Target
+from tuner.simulate import intadd
 from tuner.simulate.intconv import emulation, hard_sigmoid_table, requant, residual_gain
 from tuner.simulate.perchannel import fusion_heads
 from tuner.simulate.plan import Plan
@@ -36,6 +37,7 @@ class IntKernels:
     inputs_of: dict[tuple[str, int], str]
     per_channel: dict[str, np.ndarray]
     equalized: Any
+    made: dict[tuple[str, str, bool], str]
     point_scale: Callable[[str, str, bool], Scale]
 
     def int_conv(self, tensor: str, dtype: str, src: str, s: Scale) -> str:
@@ -129,6 +131,75 @@ class IntKernels:
         del g.output[:]
         g.output.extend(proto.output)
         return g
+
+    def int_add(self, n: Node, proto: onnx.NodeProto) -> onnx.NodeProto | None:
+        """A BPU Add of two int8 / int16 tensors, not fused into a Conv, as hb's HzSElementwiseAdd computes it
+        (tuner.simulate.intadd), in float64 (exact: an int16 input shifted by x_shift reaches 2^38): the inputs'
+        integers, the floored sum on hb's grid, the output rounded half up on ``output_scale /
+        2^output_right_shift`` (float32 would round ``t m`` onto the half below an integer: 150 and 73 of 200000
+        int16 outputs off in tests/simulate/test_intadd.py), times the output's step (its point then clips). The
+        nodes before it go into ``before``; None where the Add keeps tuner's float sum."""
+        found = self._int_add_steps(n)
+        if found is None:
+            return None
+        (s0, s1), (s_out, dtype) = found
+        rq = intadd.requant(s0, s1, s_out, dtype)
+        if rq.accu_right_shift < 0:
+            return None
+        key = ("intadd", n.name, s0, s1, s_out, dtype)
+        if key not in self.memo:
+            g_a, g_b, m = intadd.emulation(rq)
+            gains = (g_a, g_b) if rq.first == 0 else (g_b, g_a)
+            base = f"{n.name}__iadd"
+            values = {"inv0": 1.0 / s0, "inv1": 1.0 / s1, "g0": gains[0], "g1": gains[1], "m": m, "h": 0.5}
+            inits = [numpy_helper.from_array(np.asarray(v, np.float64), f"{base}_{k}") for k, v in values.items()]
+            inits.append(numpy_helper.from_array(np.asarray(s_out, np.float32), f"{base}_s"))
+            steps = [(f"{op}{k}", op_type, ins) for k in "01" for op, op_type, ins in
+                     (("c", "Cast", [proto.input[int(k)]]), ("q", "Mul", [f"{base}_c{k}", f"{base}_inv{k}"]),
+                      ("r", "Round", [f"{base}_q{k}"]), ("p", "Mul", [f"{base}_r{k}", f"{base}_g{k}"]))]
+            steps += [("u", "Add", [f"{base}_p0", f"{base}_p1"]), ("t", "Floor", [f"{base}_u"]),
+                      ("tm", "Mul", [f"{base}_t", f"{base}_m"]), ("th", "Add", [f"{base}_tm", f"{base}_h"]),
+                      ("v64", "Floor", [f"{base}_th"]), ("v", "Cast", [f"{base}_v64"])]
+            nodes = [onnx.NodeProto(op_type=op, name=f"{base}_{k}", input=ins, output=[f"{base}_{k}"])
+                     for k, op, ins in steps]
+            for node in nodes:
+                if node.op_type == "Cast":
+                    to = onnx.TensorProto.FLOAT if node.name.endswith("_v") else onnx.TensorProto.DOUBLE
+                    node.attribute.append(helper.make_attribute("to", to))
+            self.memo[key] = (inits, nodes)
+        inits, nodes = self.memo[key]
+        for t in inits:
+            self.new_inits.setdefault(t.name, t)
+        self.before[n.name] = list(nodes)
+        return onnx.NodeProto(op_type="Mul", name=n.name, input=[f"{n.name}__iadd_v", f"{n.name}__iadd_s"],
+                              output=list(proto.output))
+
+    def _int_add_steps(self, n: Node) -> tuple[tuple[float, float], tuple[float, str]] | None:
+        """((s0, s1), (s_out, dtype)) of an Add hb's integer kernel computes as measured: on the BPU, outside any
+        fusion group, both inputs int8 / int16 activations read at their shared per-tensor point, its output read
+        in one dtype (int8 or int16) on a per-tensor step, not a model output. None otherwise."""
+        if len(n.inputs) != 2 or any(n.name in pair for pair in self.plan.fused):
+            return None
+        steps = []
+        for k, name in enumerate(n.inputs):
+            edge = self.plan.edges.get((n.name, k))
+            if name in self.graph.initializers or edge is None or edge[1] not in intadd.OUTPUT_SHIFT \
+                    or self.inputs_of.get((n.name, k)) != self.made.get((edge[0], edge[1], False)):
+                return None
+            s = self.point_scale(edge[0], edge[1], False)
+            if s.axis is not None or np.asarray(s.zero_point).any() or not float(s.scale) > 0:
+                return None
+            steps.append(float(s.scale))
+        out = n.outputs[0]
+        reads = {d for (t, d) in list(self.plan.edges.values()) + list(self.plan.cpu_reads.values()) if t == out}
+        if len(reads) != 1 or out in self.plan.outputs or out in self.graph.output_names \
+                or out in self.per_channel or out in self.plan.emitted:
+            return None
+        dtype = reads.pop()
+        s_out = self.point_scale(out, dtype, False) if dtype in intadd.OUTPUT_SHIFT else None
+        if s_out is None or s_out.axis is not None or np.asarray(s_out.zero_point).any() or not float(s_out.scale) > 0:
+            return None
+        return (steps[0], steps[1]), (float(s_out.scale), dtype)
 
     def scale_residuals(self) -> None:
         """Each fused residual Add that :meth:`int_conv` simulates reads its residual times the gain that puts

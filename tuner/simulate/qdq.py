@@ -423,6 +423,10 @@ class _Build(IntKernels):
             table = self.int_table(n, proto) if self.int_conv_on else None
             if table is not None:
                 return table
+        if self.int_conv_on and n.op_type == "Add" and on_bpu:
+            added = self.int_add(n, proto)
+            if added is not None:
+                return added
         if n.name in self.plan.weights:
             self.weight(n, proto)
         return proto

@@ -145,8 +145,9 @@ def node_gains(space: SearchSpace, ws: Workspace, cache: Path,
     metric = space.objective.accuracy
     nodes = free_nodes(space, ws.graph, ws.target)
     ref = Candidate.make(reference_calibration(space, base), dict(base.nodes), base.optimization)
+    # the opt-in integer kernels change every gain; "+add" since tuner.simulate.intadd (older rankings are stale)
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
                     ref.key(), metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES)]
-                   + (["intconv"] if intconv.enabled() else []))   # the opt-in integer kernels change every gain
+                   + (["intconv+add"] if intconv.enabled() else []))
     return cached_sensitivity(cache, key, lambda done, save: leave_one_fixed(ws.simulator, ref, nodes, metric,
                                                                           progress, done, save))
