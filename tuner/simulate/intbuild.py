@@ -4,7 +4,9 @@ requantization, its lowered Mul and its HardSigmoid table, ``TUNER_INTCONV=1``):
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,16 @@ from tuner.simulate.perchannel import fusion_heads
 from tuner.simulate.plan import Plan
 from tuner.simulate.scales import Scale, Scales
 from tuner.simulate.weights import WeightCache, weight_axis, weight_rule
+
+
+def _per_tensor(s: Scale) -> bool:
+    """A per-tensor symmetric point: the only kind hb's integer kernels are measured on."""
+    return s.axis is None and not np.asarray(s.zero_point).any()
+
+
+def _chain(base: str, steps: list[tuple[str, str, list[str]]]) -> list[onnx.NodeProto]:
+    """Nodes ``(suffix, op, inputs)``, each writing ``<base>_<suffix>`` (the tensor the later steps read)."""
+    return [onnx.NodeProto(op_type=op, name=f"{base}_{k}", input=ins, output=[f"{base}_{k}"]) for k, op, ins in steps]
 
 
 class IntKernels:
@@ -40,6 +52,31 @@ class IntKernels:
     made: dict[tuple[str, str, bool], str]
     point_scale: Callable[[str, str, bool], Scale]
 
+    @cached_property
+    def _into(self) -> dict[str, Node]:
+        """Each fused member -> the member before it, once per build (not per quantization point)."""
+        return fusion_heads(self.graph, self.plan)
+
+    @cached_property
+    def _read_as(self) -> dict[str, list[str]]:
+        """Tensor -> the dtypes BPU nodes read it in (plan.edges), once per build."""
+        out: dict[str, list[str]] = defaultdict(list)
+        for t, d in self.plan.edges.values():
+            out[t].append(d)
+        return out
+
+    @cached_property
+    def _cpu_read_as(self) -> dict[str, list[str]]:
+        """Tensor -> the dtypes CPU nodes read it in (plan.cpu_reads), once per build."""
+        out: dict[str, list[str]] = defaultdict(list)
+        for t, d in self.plan.cpu_reads.values():
+            out[t].append(d)
+        return out
+
+    def _register(self, inits: list[onnx.TensorProto]) -> None:
+        for t in inits:
+            self.new_inits.setdefault(t.name, t)
+
     def int_conv(self, tensor: str, dtype: str, src: str, s: Scale) -> str:
         """``src`` as hb's integer Conv kernel leaves it (tuner.simulate.intconv), where ``tensor`` is the output
         of a BPU Conv group with an int8 input (:meth:`_int_conv_head`); else ``src`` itself."""
@@ -50,7 +87,7 @@ class IntKernels:
         s_res = residual[2] if residual is not None else None
         source = self.plan.edges[(conv.name, 0)]
         s_in = self.point_scale(source[0], source[1], False)
-        if s_in.axis is not None or np.asarray(s_in.zero_point).any():
+        if not _per_tensor(s_in):
             return src
         shape = self.graph.shapes.get(tensor)
         if shape is None or len(shape) != 4 or not shape[1]:
@@ -74,14 +111,12 @@ class IntKernels:
             inits = [numpy_helper.from_array(v.astype(np.float32).reshape(1, -1, 1, 1), f"{base}_{k}")
                      for k, v in zip("acm", consts)]
             inits.append(numpy_helper.from_array(np.asarray(s_out, np.float32), f"{base}_s"))
-            nodes = [onnx.NodeProto(op_type=op, name=f"{base}_{k}", input=ins, output=[f"{base}_{k}"])
-                     for k, op, ins in (("x", "Mul", [src, inits[0].name]), ("xc", "Add", [f"{base}_x", inits[1].name]),
-                                        ("u", "Floor", [f"{base}_xc"]), ("um", "Mul", [f"{base}_u", inits[2].name]),
-                                        ("v", "Floor", [f"{base}_um"]), ("y", "Mul", [f"{base}_v", inits[3].name]))]
+            nodes = _chain(base, [("x", "Mul", [src, inits[0].name]), ("xc", "Add", [f"{base}_x", inits[1].name]),
+                                  ("u", "Floor", [f"{base}_xc"]), ("um", "Mul", [f"{base}_u", inits[2].name]),
+                                  ("v", "Floor", [f"{base}_um"]), ("y", "Mul", [f"{base}_v", inits[3].name])])
             self.memo[key] = (inits, nodes)
         inits, nodes = self.memo[key]
-        for t in inits:
-            self.new_inits.setdefault(t.name, t)
+        self._register(inits)
         self.qdq_after[src] += nodes
         if residual is not None:
             add, k_res, s_r = residual
@@ -98,13 +133,12 @@ class IntKernels:
         int8 per tensor."""
         src = self.plan.edges.get((n.name, 0))
         out = n.outputs[0]
-        readers = [(t, d) for (_node, _k), (t, d) in self.plan.edges.items() if t == out]
-        if src is None or src[1] != "int8" or not readers or any(d != "int8" for _t, d in readers):
+        reads = self._read_as.get(out, [])
+        if src is None or src[1] != "int8" or not reads or any(d != "int8" for d in reads):
             return None
         s_in = self.point_scale(src[0], "int8", False)
         s_out = self.point_scale(out, "int8", False)
-        if s_in.axis is not None or s_out.axis is not None or np.asarray(s_in.zero_point).any() \
-                or np.asarray(s_out.zero_point).any():
+        if not (_per_tensor(s_in) and _per_tensor(s_out)):
             return None
         key = ("inttable", n.name, float(s_in.scale), float(s_out.scale))
         if key not in self.memo:
@@ -114,17 +148,15 @@ class IntKernels:
                      numpy_helper.from_array(np.asarray(1.0 / float(s_in.scale), np.float32), f"{base}_inv"),
                      numpy_helper.from_array(np.asarray(128.0, np.float32), f"{base}_off")]
             x = proto.input[0]
-            nodes = [onnx.NodeProto(op_type="Mul", name=f"{base}_q", input=[x, inits[1].name], output=[f"{base}_q"]),
-                     onnx.NodeProto(op_type="Round", name=f"{base}_r", input=[f"{base}_q"], output=[f"{base}_r"]),
-                     onnx.NodeProto(op_type="Add", name=f"{base}_i", input=[f"{base}_r", inits[2].name],
-                                    output=[f"{base}_i"]),
-                     helper.make_node("Cast", [f"{base}_i"], [f"{base}_idx"], name=f"{base}_idx", to=onnx.TensorProto.INT64)]
+            nodes = _chain(base, [("q", "Mul", [x, inits[1].name]), ("r", "Round", [f"{base}_q"]),
+                                  ("i", "Add", [f"{base}_r", inits[2].name])])
+            nodes.append(helper.make_node("Cast", [f"{base}_i"], [f"{base}_idx"], name=f"{base}_idx",
+                                          to=onnx.TensorProto.INT64))
             gather = onnx.NodeProto(op_type="Gather", name=n.name, input=[inits[0].name, f"{base}_idx"],
                                     output=list(proto.output))
             self.memo[key] = (inits, nodes, gather)
         inits, nodes, gather = self.memo[key]
-        for t in inits:
-            self.new_inits.setdefault(t.name, t)
+        self._register(inits)
         self.before[n.name] = list(nodes)
         g = onnx.NodeProto()
         g.CopyFrom(gather)
@@ -160,16 +192,14 @@ class IntKernels:
             steps += [("u", "Add", [f"{base}_p0", f"{base}_p1"]), ("t", "Floor", [f"{base}_u"]),
                       ("tm", "Mul", [f"{base}_t", f"{base}_m"]), ("th", "Add", [f"{base}_tm", f"{base}_h"]),
                       ("v64", "Floor", [f"{base}_th"]), ("v", "Cast", [f"{base}_v64"])]
-            nodes = [onnx.NodeProto(op_type=op, name=f"{base}_{k}", input=ins, output=[f"{base}_{k}"])
-                     for k, op, ins in steps]
+            nodes = _chain(base, steps)
             for node in nodes:
                 if node.op_type == "Cast":
                     to = onnx.TensorProto.FLOAT if node.name.endswith("_v") else onnx.TensorProto.DOUBLE
                     node.attribute.append(helper.make_attribute("to", to))
             self.memo[key] = (inits, nodes)
         inits, nodes = self.memo[key]
-        for t in inits:
-            self.new_inits.setdefault(t.name, t)
+        self._register(inits)
         self.before[n.name] = list(nodes)
         return onnx.NodeProto(op_type="Mul", name=n.name, input=[f"{n.name}__iadd_v", f"{n.name}__iadd_s"],
                               output=list(proto.output))
@@ -187,17 +217,17 @@ class IntKernels:
                     or self.inputs_of.get((n.name, k)) != self.made.get((edge[0], edge[1], False)):
                 return None
             s = self.point_scale(edge[0], edge[1], False)
-            if s.axis is not None or np.asarray(s.zero_point).any() or not float(s.scale) > 0:
+            if not _per_tensor(s) or not float(s.scale) > 0:
                 return None
             steps.append(float(s.scale))
         out = n.outputs[0]
-        reads = {d for (t, d) in list(self.plan.edges.values()) + list(self.plan.cpu_reads.values()) if t == out}
+        reads = set(self._read_as.get(out, [])) | set(self._cpu_read_as.get(out, []))
         if len(reads) != 1 or out in self.plan.outputs or out in self.graph.output_names \
                 or out in self.per_channel or out in self.plan.emitted:
             return None
         dtype = reads.pop()
         s_out = self.point_scale(out, dtype, False) if dtype in intadd.OUTPUT_SHIFT else None
-        if s_out is None or s_out.axis is not None or np.asarray(s_out.zero_point).any() or not float(s_out.scale) > 0:
+        if s_out is None or not _per_tensor(s_out) or not float(s_out.scale) > 0:
             return None
         return (steps[0], steps[1]), (float(s_out.scale), dtype)
 
@@ -225,7 +255,7 @@ class IntKernels:
         producer = self.graph.producer.get(tensor)
         if producer is None:
             return None
-        into = fusion_heads(self.graph, self.plan)
+        into = self._into
         chain = [producer]
         while chain[-1].name in into and len(chain) < 4:
             chain.append(into[chain[-1].name])
@@ -258,6 +288,6 @@ class IntKernels:
         if residual is None or residual[0] in self.per_channel or residual[1] != "int8":
             return None
         s_r = self.point_scale(residual[0], residual[1], False)
-        if s_r.axis is not None or np.asarray(s_r.zero_point).any():
+        if not _per_tensor(s_r):
             return None
         return conv, (add.name, k, float(s_r.scale))
