@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
+from hb_integers import attrs, calibrated_thresholds, convert_with_integer_outputs
 from helpers import hb_yaml, save_toy_model
 from onnx import TensorProto, helper, numpy_helper
 
@@ -110,44 +110,17 @@ def test_the_float64_emulation_is_the_integer_rule():
 # -- against the real tool ---------------------------------------------------------------------------
 
 
-def _attrs(node):
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 @pytest.fixture(scope="module")
 def real_toy(hb_toolchain, tmp_path_factory):
     """The toy converted at O0 and its quantized model run on two calibration samples with every integer
     tensor as a graph output."""
-    from tuner.toolchain.hbexec import run_models
-    from tuner.toolchain.hbrun import CompileKnobs, convert
-
     root = tmp_path_factory.mktemp("intadd")
     cfg = _toy(root / "p")
-    conv = convert(hb_toolchain, cfg, CompileKnobs(optimize_level="O0"))
-    assert conv.ok, conv.error
-    model = onnx.load(str(conv.model("quantized")))
-    bits = {o: _attrs(n).get("output_bit", 8) for n in model.graph.node if n.op_type.startswith("HzS")
-            or n.op_type == "HzQuantize" for o in n.output}
-    types = {8: TensorProto.INT8, 16: TensorProto.INT16}
-    for name, b in bits.items():
-        if name.endswith("_quantized") and b in types:
-            model.graph.output.append(helper.make_tensor_value_info(name, types[b], None))
-    path = root / "extra.onnx"
-    onnx.save(model, str(path))
-    samples = [{"x": np.fromfile(root / "p" / "cal" / f"{i:04d}.bin", np.float32).reshape(1, 8, 16, 16)}
-               for i in range(2)]
-    outs = run_models(hb_toolchain, [path], samples)[0]
-    return cfg, conv, model, samples, outs
+    return (cfg, *convert_with_integer_outputs(hb_toolchain, cfg, root, (1, 8, 16, 16)))
 
 
 def _thresholds(calibrated: Path) -> dict[str, tuple[float, str]]:
-    out = {}
-    for n in onnx.load(str(calibrated)).graph.node:
-        if n.op_type == "HzCalibration":
-            a = _attrs(n)
-            if a.get("thresholds") and len(a["thresholds"]) == 1:
-                out[n.input[0]] = out[n.output[0]] = (a["thresholds"][0], a["qtype"].decode())
-    return out
+    return calibrated_thresholds(calibrated, outputs=True)
 
 
 def test_the_rule_gives_hbs_integers(real_toy):
@@ -158,7 +131,7 @@ def test_the_rule_gives_hbs_integers(real_toy):
     adds = {n.name: n for n in model.graph.node if n.op_type == "HzSElementwiseAdd"}
     assert set(ADDS) <= set(adds), sorted(adds)
     for name, (_tensor, out_dtype) in ADDS.items():
-        node, a = adds[name], _attrs(adds[name])
+        node, a = adds[name], attrs(adds[name])
         steps = []
         for t in list(node.input) + [node.output[0]]:
             th, q = thr[t.removesuffix("_quantized")]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hb_integers import attrs, calibrated_thresholds, convert_with_integer_outputs
 from helpers import hb_yaml, save_toy_model
 from onnx import TensorProto, helper, numpy_helper
 
@@ -141,44 +142,17 @@ def test_a_channel_without_weights_is_rounded():
 # -- against the real tool ---------------------------------------------------------------------------
 
 
-def _attrs(node):
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 @pytest.fixture(scope="module")
 def real_toy(hb_toolchain, tmp_path_factory):
     """The toy converted at O0 and its quantized model run on two calibration samples with every Conv's
     integer input and output as graph outputs."""
-    from tuner.toolchain.hbexec import run_models
-    from tuner.toolchain.hbrun import CompileKnobs, convert
-
     root = tmp_path_factory.mktemp("intconv")
     cfg = _toy(root / "p")
-    conv = convert(hb_toolchain, cfg, CompileKnobs(optimize_level="O0"))
-    assert conv.ok, conv.error
-    model = onnx.load(str(conv.model("quantized")))
-    bits = {o: _attrs(n).get("output_bit", 8) for n in model.graph.node if n.op_type.startswith("HzS")
-            or n.op_type == "HzQuantize" for o in n.output}
-    types = {8: TensorProto.INT8, 16: TensorProto.INT16}
-    for name, b in bits.items():
-        if name.endswith("_quantized") and b in types:
-            model.graph.output.append(helper.make_tensor_value_info(name, types[b], None))
-    path = root / "extra.onnx"
-    onnx.save(model, str(path))
-    samples = [{"x": np.fromfile(root / "p" / "cal" / f"{i:04d}.bin", np.float32).reshape(1, 8, 16, 16)}
-               for i in range(2)]
-    outs = run_models(hb_toolchain, [path], samples)[0]
-    return cfg, conv, model, samples, outs
+    return (cfg, *convert_with_integer_outputs(hb_toolchain, cfg, root, (1, 8, 16, 16)))
 
 
 def _thresholds(calibrated: Path) -> dict[str, tuple[float, str]]:
-    out = {}
-    for n in onnx.load(str(calibrated)).graph.node:
-        if n.op_type == "HzCalibration":
-            a = _attrs(n)
-            if a.get("thresholds") and len(a["thresholds"]) == 1:
-                out[n.input[0]] = (a["thresholds"][0], a["qtype"].decode())
-    return out
+    return calibrated_thresholds(calibrated, outputs=False)
 
 
 def test_the_rule_gives_hbs_integers(real_toy):
@@ -196,7 +170,7 @@ def test_the_rule_gives_hbs_integers(real_toy):
     for node in model.graph.node:
         if node.op_type != "HzSQuantizedConv" or node.name not in base:
             continue
-        a = _attrs(node)
+        a = attrs(node)
         (t_in, _), (t_out, q_out) = thr[base[node.name][0]], thr[base[node.name][1]]
         s_in, s_w = t_in / 127, np.asarray(a["weight_thresholds"], np.float64) / 127
         s_out = t_out / (127 if q_out == "int8" else 32767)
