@@ -48,6 +48,12 @@ def tuner(*args: Args, cwd: str | Path | None = None, env: Mapping[str, str] | N
     return _in_process(argv, cwd, env)
 
 
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """A refused command's one line: asserts exit code 2 and no traceback, returns stderr's last line."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, (result.returncode, result.stderr)
+    return result.stderr.strip().splitlines()[-1]
+
+
 def start_tuner(*args: Args, cwd: str | Path | None = None, env: Mapping[str, str] | None = None,
                 **popen: Any) -> subprocess.Popen[str]:
     """``python -m tuner ARGS`` started in the background; stdout and stderr are pipes unless given."""

@@ -367,3 +367,19 @@ class Toy:
         from tuner.graph import Graph
 
         return Graph(onnx.shape_inference.infer_shapes(model))
+
+
+def decoder_toy(tap_maxpool: bool = False) -> tuple[Toy, list[str]]:
+    """x -> Conv_s (skip); Conv_s -> Conv_1 + Relu -> Resize -> Concat(., skip) -> Conv_2 -> Relu_2 -> Conv_3
+    (``tap_maxpool``: a MaxPool of the skip read by Conv_4 and Conv_5 too): the toy and its outputs."""
+    t = Toy()
+    s = t.conv("/conv_s", "x", 8, 8)
+    a = t.op("Relu", "/relu_1", [t.conv("/conv_1", s, 8, 8)])
+    up = t.op("Resize", "/up", [a, t.const("roi", []), t.const("scales", [1, 1, 1, 1])], mode="nearest")
+    cat = t.op("Concat", "/cat", [up, s], axis=1)
+    b = t.op("Relu", "/relu_2", [t.conv("/conv_2", cat, 16, 8)])
+    outs = [t.conv("/conv_3", b, 8, 8)]
+    if tap_maxpool:
+        pool = t.op("MaxPool", "/pool", [s], kernel_shape=[3, 3], pads=[1] * 4)
+        outs += [t.conv("/conv_4", pool, 8, 8), t.conv("/conv_5", pool, 8, 8)]
+    return t, outs

@@ -198,19 +198,10 @@ def test_an_int16_reader_of_an_int8_only_producer_reads_its_int8_output_requanti
 
 
 def _decoder(tap_maxpool: bool = False):
-    """x -> Conv_s (skip); Conv_s -> Conv_1 + Relu -> Resize -> Concat(., skip) -> Conv_2 -> Relu_2 -> Conv_3."""
-    from helpers import Toy
+    """helpers.decoder_toy as a Graph."""
+    from helpers import decoder_toy
 
-    t = Toy()
-    s = t.conv("/conv_s", "x", 8, 8)
-    a = t.op("Relu", "/relu_1", [t.conv("/conv_1", s, 8, 8)])
-    up = t.op("Resize", "/up", [a, t.const("roi", []), t.const("scales", [1, 1, 1, 1])], mode="nearest")
-    cat = t.op("Concat", "/cat", [up, s], axis=1)
-    b = t.op("Relu", "/relu_2", [t.conv("/conv_2", cat, 16, 8)])
-    outs = [t.conv("/conv_3", b, 8, 8)]
-    if tap_maxpool:
-        pool = t.op("MaxPool", "/pool", [s], kernel_shape=[3, 3], pads=[1] * 4)
-        outs += [t.conv("/conv_4", pool, 8, 8), t.conv("/conv_5", pool, 8, 8)]
+    t, outs = decoder_toy(tap_maxpool)
     return t.graph(outs)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from cli import start_tuner, tuner
+from cli import error_line, start_tuner, tuner
 from helpers import write_tiny_space
 from optuna.trial import TrialState
 
@@ -131,9 +131,7 @@ def read_only_study(small_disk):
 
 
 def test_export_to_its_default_path_in_a_read_only_study_folder_is_one_line(read_only_study):
-    r = tuner("export", "tiny", "--results-dir", read_only_study)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    line = r.stderr.strip().splitlines()[-1]
+    line = error_line(tuner("export", "tiny", "--results-dir", read_only_study))
     assert line.startswith(f"tuner: error: {read_only_study / 'tiny'}: cannot write trial_")
     assert "Read-only file system" in line and "--out" in line
     elsewhere = read_only_study.parent.parent / "t.yaml"
@@ -142,9 +140,7 @@ def test_export_to_its_default_path_in_a_read_only_study_folder_is_one_line(read
 
 
 def test_report_in_a_read_only_study_folder_is_one_line(read_only_study):
-    r = tuner("report", "tiny", "--results-dir", read_only_study)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    line = r.stderr.strip().splitlines()[-1]
+    line = error_line(tuner("report", "tiny", "--results-dir", read_only_study))
     assert line.startswith(f"tuner: error: {read_only_study / 'tiny'}: cannot write report.html")
     assert "Read-only file system" in line and "copy the study folder" in line
     assert tuner("status", "tiny", "--results-dir", read_only_study).returncode == 0     # reading still works

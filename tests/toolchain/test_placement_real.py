@@ -63,19 +63,14 @@ def test_a_resize_follows_a_cpu_concat_only_when_the_concat_feeds_the_cpu(hb_too
     stays on the BPU when the Concat is on the CPU by its own entry but feeds a BPU Conv (``cat``: hb's CPU
     nodes are the Concat alone). Found on the example by `tuner verify --local` (``/Concat_3`` and ``/Concat_4``
     ``ON: CPU``: their Resizes stayed on the BPU, tuner moved them)."""
-    from helpers import Toy
+    from helpers import decoder_toy
 
     from tuner.toolchain.hbrun import CompileKnobs, convert
 
-    t = Toy()
-    s = t.conv("/conv_s", "x", 8, 8)
-    a = t.op("Relu", "/relu_1", [t.conv("/conv_1", s, 8, 8)])
-    up = t.op("Resize", "/up", [a, t.const("roi", []), t.const("scales", [1, 1, 1, 1])], mode="nearest")
-    cat = t.op("Concat", "/cat", [up, s], axis=1)
-    b = t.op("Relu", "/relu_2", [t.conv("/conv_2", cat, 16, 8)])
+    t, outs = decoder_toy()
     root = tmp_path / case
     root.mkdir()
-    cfg = t.project(root, [t.conv("/conv_3", b, 8, 8)], node_info=PULLED[case])
+    cfg = t.project(root, outs, node_info=PULLED[case])
     real = convert(hb_toolchain, cfg, CompileKnobs(optimize_level="O0"))
     assert real.ok, real.error
     ws = Workspace.open(cfg)
