@@ -22,11 +22,6 @@ from tuner.simulate.scales import Scale, Scales
 from tuner.simulate.weights import WeightCache, weight_axis, weight_rule
 
 
-def _per_tensor(s: Scale) -> bool:
-    """A per-tensor symmetric point: the only kind hb's integer kernels are measured on."""
-    return s.axis is None and not np.asarray(s.zero_point).any()
-
-
 def _chain(base: str, steps: list[tuple[str, str, list[str]]]) -> list[onnx.NodeProto]:
     """Nodes ``(suffix, op, inputs)``, each writing ``<base>_<suffix>`` (the tensor the later steps read)."""
     return [onnx.NodeProto(op_type=op, name=f"{base}_{k}", input=ins, output=[f"{base}_{k}"]) for k, op, ins in steps]
@@ -87,7 +82,7 @@ class IntKernels:
         s_res = residual[2] if residual is not None else None
         source = self.plan.edges[(conv.name, 0)]
         s_in = self.point_scale(source[0], source[1], False)
-        if not _per_tensor(s_in):
+        if not s_in.per_tensor_symmetric:
             return src
         shape = self.graph.shapes.get(tensor)
         if shape is None or len(shape) != 4 or not shape[1]:
@@ -138,7 +133,7 @@ class IntKernels:
             return None
         s_in = self.point_scale(src[0], "int8", False)
         s_out = self.point_scale(out, "int8", False)
-        if not (_per_tensor(s_in) and _per_tensor(s_out)):
+        if not (s_in.per_tensor_symmetric and s_out.per_tensor_symmetric):
             return None
         key = ("inttable", n.name, float(s_in.scale), float(s_out.scale))
         if key not in self.memo:
@@ -217,7 +212,7 @@ class IntKernels:
                     or self.inputs_of.get((n.name, k)) != self.made.get((edge[0], edge[1], False)):
                 return None
             s = self.point_scale(edge[0], edge[1], False)
-            if not _per_tensor(s) or not float(s.scale) > 0:
+            if not s.per_tensor_symmetric or not float(s.scale) > 0:
                 return None
             steps.append(float(s.scale))
         out = n.outputs[0]
@@ -227,7 +222,7 @@ class IntKernels:
             return None
         dtype = reads.pop()
         s_out = self.point_scale(out, dtype, False) if dtype in intadd.OUTPUT_SHIFT else None
-        if s_out is None or not _per_tensor(s_out) or not float(s_out.scale) > 0:
+        if s_out is None or not s_out.per_tensor_symmetric or not float(s_out.scale) > 0:
             return None
         return (steps[0], steps[1]), (float(s_out.scale), dtype)
 
@@ -288,6 +283,6 @@ class IntKernels:
         if residual is None or residual[0] in self.per_channel or residual[1] != "int8":
             return None
         s_r = self.point_scale(residual[0], residual[1], False)
-        if not _per_tensor(s_r):
+        if not s_r.per_tensor_symmetric:
             return None
         return conv, (add.name, k, float(s_r.scale))

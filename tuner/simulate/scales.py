@@ -55,6 +55,12 @@ class Scale:
     dequant: float | None = None   # an explicit dequantize_scale (real thresholds), else the largest channel's
 
     @property
+    def per_tensor_symmetric(self) -> bool:
+        """One scale and zero point 0: the only points hb's integer kernels were measured on (intconv,
+        intadd) and the input points its preprocess node requantizes (SimData.board_samples)."""
+        return self.axis is None and not np.asarray(self.zero_point).any()
+
+    @property
     def dequantize_scale(self) -> float:
         """The single scale an equalized Conv input is dequantized with: the largest channel's
         (HzCalibration's ``dequantize_scale``, docs/hb_rules/quantizer.md §4.1), unless given."""

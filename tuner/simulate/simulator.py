@@ -417,7 +417,7 @@ class Simulator:
         for name in self.model.input_names:
             if dtypes.get(name) == {"int8"}:
                 s = self.scales(calibration).get(name, "int8")
-                if s.axis is None and not np.any(s.zero_point):
+                if s.per_tensor_symmetric:
                     steps[name] = (s.threshold, np.float32(s.scale))
         return steps
 
