@@ -141,17 +141,18 @@ def _activations_follow(graph: Graph, target: Target, candidate: Candidate,
     moved: list[tuple[str, str]] = []
     for group in fusion_groups(graph, target):
         head = group[0]
-        if placement.get(head.name) == "CPU" and head.op_type in ("Conv", "ConvTranspose") and len(group) > 1:
-            nxt = group[1]
-            # an int16 entry does not keep a Relu (the latency benchmark's pareto_t23 on the example:
-            # ``/enc3/enc3.0/act/Relu`` with InputType int16 is on the CPU with its ``ON: CPU`` Conv), but it
-            # unfuses a Conv+Clip (int16.clip_entries_unfuse) and that Clip stays on the BPU
-            # (tests/toolchain/test_placement_real.py: InputType or OutputType int16 on the Clip; `tuner verify
-            # --local` on the example, ``/radar/act/Clip`` InputType int16 after an ``ON: CPU`` ``/radar/conv/Conv``)
-            if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" \
-                    and candidate.setting(nxt.name).on is None and not clip_entries_unfuse(group, candidate):
-                placement[nxt.name] = "CPU"
-                moved.append((nxt.name, f"follows its Conv {head.name} to the CPU"))
+        if placement.get(head.name) != "CPU" or head.op_type not in ("Conv", "ConvTranspose") or len(group) < 2:
+            continue
+        nxt = group[1]
+        # an int16 entry does not keep a Relu (the latency benchmark's pareto_t23 on the example:
+        # ``/enc3/enc3.0/act/Relu`` with InputType int16 is on the CPU with its ``ON: CPU`` Conv), but it
+        # unfuses a Conv+Clip (int16.clip_entries_unfuse) and that Clip stays on the BPU
+        # (tests/toolchain/test_placement_real.py: InputType or OutputType int16 on the Clip; `tuner verify
+        # --local` on the example, ``/radar/act/Clip`` InputType int16 after an ``ON: CPU`` ``/radar/conv/Conv``)
+        if nxt.op_type in CONV_ACTIVATIONS and placement.get(nxt.name) == "BPU" \
+                and candidate.setting(nxt.name).on is None and not clip_entries_unfuse(group, candidate):
+            placement[nxt.name] = "CPU"
+            moved.append((nxt.name, f"follows its Conv {head.name} to the CPU"))
     return moved
 
 
@@ -166,12 +167,11 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
     of ``/Mul_1`` and ``/radar/act/Clip``, stays on the BPU before the CPU ``/fuse/conv/Conv``)."""
     if not target.post_calibration:
         return []
-    moved: list[tuple[str, str]] = []
+    moved = _activations_follow(graph, target, candidate, placement)
 
     def free(name: str) -> bool:
         return not candidate.setting(name).to_dict()
 
-    moved += _activations_follow(graph, target, candidate, placement)
     tail_of = {g[-1].name: g[0] for g in fusion_groups(graph, target)}
     # the ops that go: the largest set of free pulled BPU ops each of whose readers is on the CPU or in the set,
     # and each of whose inputs is a model input, a CPU node's, a Conv group's (which leaves the BPU as its int32
@@ -200,8 +200,7 @@ def _follow_the_cpu(graph: Graph, target: Target, candidate: Candidate, placemen
             return False
         if node.op_type not in CPU_PULLED_OPS or node.name in seen:
             return True
-        rs = readers(node)
-        return all(pulls(r, seen | {node.name}) for r in rs)
+        return all(pulls(r, seen | {node.name}) for r in readers(node))
 
     def stays(node: Node) -> bool:
         rs = readers(node)
