@@ -39,14 +39,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tuner.simulate.intconv import fixed_point
+
 #: output_right_shift of an int8 / int16 output
 OUTPUT_SHIFT = {"int8": 22, "int16": 14}
 
 
 def norm(r: float) -> tuple[int, int]:
     """(m, n): ``r`` as ``m / 2^n`` with ``m`` in [2^14, 2^15), as hb writes an Add's multipliers."""
-    n = int(np.floor(np.log2(2.0 ** 15 / r)))
-    m = int(np.rint(r * 2.0 ** n))
+    m_, n_ = fixed_point(r)
+    m, n = int(m_), int(n_)
     if m >= 2 ** 15:
         n -= 1
         m = int(np.rint(r * 2.0 ** n))

@@ -87,13 +87,22 @@ class Requant:
     kept: np.ndarray          # channels the rule covers (not those whose rs would pass RS_MAX: ~0 weights)
 
 
+def fixed_point(r: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """(m, n): ``r`` as ``m / 2^n`` with ``n = floor(log2(2^15 / r))``, so ``m = rint(r 2^n)`` lies in
+    [2^14, 2^15] (int64 arrays): the form of every multiplier hb writes (a Conv's M, a residual's e_scale, an
+    Add's scales, the preprocess node's). Where the rint reaches 2^15 each kernel has its own rule (the
+    callers)."""
+    r = np.asarray(r, np.float64)
+    n = np.floor(np.log2(2.0 ** 15 / r)).astype(np.int64)
+    return np.rint(r * np.exp2(n)).astype(np.int64), n
+
+
 def requant(s_in: float, s_w: np.ndarray, s_out: float, out_dtype: str) -> Requant:
     """hb's (M, rs, os, H) for a Conv whose int8 input / weights / output are on ``s_in`` / ``s_w`` / ``s_out``."""
     acc_unit = np.float64(s_in) * np.asarray(s_w, np.float64)
     live = (acc_unit > 0) & np.isfinite(acc_unit / np.float64(s_out)) if s_out > 0 else np.zeros(acc_unit.shape, bool)
     r = np.where(live, acc_unit / (np.float64(s_out) if s_out > 0 else 1.0), 1.0)
-    n = np.floor(np.log2(2.0 ** 15 / r)).astype(np.int64)
-    m = np.rint(r * np.exp2(n)).astype(np.int64)
+    m, n = fixed_point(r)
     m = np.minimum(m, 2 ** 15 - 1)         # rint up to 2^15: hb keeps n and writes 32767 (PP-OCRv4 p2o.Conv.2)
     os_cap = np.full(n.shape, OUT_SHIFT[out_dtype], np.int64)
     if out_dtype == "int8":
@@ -131,9 +140,7 @@ def emulation(rq: Requant, acc_unit: np.ndarray, s_out: float,
 def residual_shift(acc_unit: np.ndarray, s_res: float) -> tuple[np.ndarray, np.ndarray]:
     """(e_scale, sh) of a fused residual Add: the residual's step in accumulator units, ``s_res / acc_unit``,
     as ``e_scale / 2^sh`` with ``e_scale`` in [2^14, 2^15) (hb writes ``e_shift = -sh``)."""
-    ratio = np.float64(s_res) / np.asarray(acc_unit, np.float64)
-    sh = np.floor(np.log2(2.0 ** 15 / ratio)).astype(np.int64)
-    return np.rint(ratio * np.exp2(sh)).astype(np.int64), sh
+    return fixed_point(np.float64(s_res) / np.asarray(acc_unit, np.float64))
 
 
 def residual_gain(acc_unit: np.ndarray, s_res: float) -> np.ndarray:

@@ -215,8 +215,6 @@ class SimData:
         return {o: s.as_dict() for o, s in sims.items()}, (task.results() if task is not None else {}), samples
 
 
-
-
 @dataclass(frozen=True)
 class _Mapped:
     """A streamed data set with ``fn`` applied to each sample as it is read."""
