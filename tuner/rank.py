@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import __version__
+from tuner.calib.kl import KL_VERSION
 from tuner.candidate import Calibration, Candidate
 from tuner.files import cache_dir, check_writable, write_atomic
 from tuner.inputs.config import read_yaml
@@ -98,7 +99,8 @@ def _cache_entry(kind: str, ws: Workspace, cand: Candidate, nodes: list[str], me
     table with the alone-quantized accuracies), and its key: the model, the calibration and evaluation
     data, the YAML's decisions, the metric, march, nodes and tuner's version."""
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(), cand.key(),
-                    metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES), f"tuner {__version__}"]
+                    metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES), f"tuner {__version__}",
+                    f"kl.v{KL_VERSION}"]
                    + ([kind] if kind != "gains" else []))
     return cache_dir() / "sensitivity" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json", key
 

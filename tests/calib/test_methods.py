@@ -10,12 +10,9 @@ from hb_probes import DATA as PROBE_DATA
 from hb_probes import measured, probe_calls
 
 from tuner.calib.methods import (
-    KL_EMPTY_EPS,
     METHODS,
     asymmetric_range,
     channel_thresholds,
-    kl_bin,
-    kl_divergences,
     threshold,
 )
 from tuner.calib.stats import NBINS, StatsCollector, TensorStats
@@ -88,52 +85,6 @@ def test_percentile_needs_valid_p(p):
 # ---------------------------------------------------------------- kl (docs/hb_rules/calibration.md 1b)
 
 
-def reference_divergences(hist: np.ndarray, eps: float = KL_EMPTY_EPS) -> np.ndarray:
-    """hmct's divergence per candidate i = 128 .. len - 1, one candidate and one level at a time."""
-    h = np.asarray(hist, dtype=np.float64).copy()
-    h[0] = 0.0                                           # bin 0 does not count
-    out = []
-    for i in range(128, h.size):
-        p = h[:i].copy()
-        p[i - 1] += h[i:].sum()                          # clipped mass into the last kept bin
-        m = i // 128
-        q = np.zeros(i)
-        for j in range(128):
-            start, stop = j * m, (i if j == 127 else (j + 1) * m)
-            mass = h[start:stop].sum()                   # Q from the unclipped bins
-            nonzero = p[start:stop] != 0
-            if nonzero.any():
-                q[start:stop] = np.where(nonzero, mass / nonzero.sum(), 0.0)
-        ps, qs = p / p.sum(), (q / q.sum() if q.sum() > 0 else q)
-        terms = [pv * np.log(pv / (qv if qv > 0 else eps)) for pv, qv in zip(ps, qs) if pv > 0]
-        out.append(float(np.sum(terms)))
-    return np.array(out)
-
-
-def _histograms():
-    rng = np.random.default_rng(7)
-    dense = np.histogram(np.abs(rng.standard_normal(200_000)), bins=1024)[0]
-    outliers = dense.copy()
-    outliers[-3:] += [1, 0, 2]
-    sparse = np.where(rng.random(1300) < 0.02, rng.integers(1, 50, 1300), 0)
-    sparse[-1] = 1
-    gappy = np.concatenate([dense[:300], np.zeros(900, np.int64), [3]])   # Q's last level empty: eps terms
-    relu = np.zeros(1500, np.int64)
-    relu[0], relu[1:400], relu[-1] = 100_000, rng.integers(0, 30, 399), 1
-    mask = np.zeros(1024, np.int64)
-    mask[0], mask[-1] = 5000, 40
-    return {"dense": dense, "outliers": outliers, "sparse": sparse, "gappy": gappy, "relu": relu, "mask": mask}
-
-
-@pytest.mark.parametrize("name", list(_histograms()))
-def test_kl_divergences_equal_a_loop_over_candidates(name):
-    h = _histograms()[name]
-    i, got = kl_divergences(h)
-    ref = reference_divergences(h)
-    np.testing.assert_array_equal(i, np.arange(128, h.size))
-    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
-
-
 def test_kl_matches_hmcts_kernel_on_generated_probes():
     """110 probes (11 distributions x 2 seeds x 5 call patterns: one call, growing and shrinking
     ranges, batches of 8, a 20x range jump past max_num_bin) measured on hmct's kernel: bit-equal."""
@@ -151,35 +102,6 @@ def test_kl_matches_hmcts_kernel_on_generated_probes():
     assert not off, off
     assert len(probes) == 110
     assert min(r["kl"] / r["max"] for r in probes) < 0.3       # the probes do clip (t3, lognormal)
-
-
-def test_kl_bin_matches_hmcts_kernel_on_model_histograms():
-    """Every 5th of the 205 activation histograms of the example (batch 1) and PP-OCRv4's detector
-    (batch 8) with the bin hmct's kernel picked: 40 of 41 equal. The one off is PP-OCR's
-    hardsigmoid_13.tmp_0 (192 values, 62 of them at the top: a divergence above 1 whose ties the
-    kernel breaks at bin 128); hb fixes a HardSigmoid output threshold at 1.0 anyway."""
-    with np.load(DATA_DIR / "hb_kl_model_histograms.npz") as z:
-        kernel, tensors = z["kernel_bin"], [str(t) for t in z["tensor"]]
-        hists = [z[f"h{j}"] for j in range(len(tensors))]
-    off = [(t, kl_bin(h), int(k)) for t, h, k in zip(tensors, hists, kernel) if kl_bin(h) != k]
-    assert [o[0] for o in off] == ["hardsigmoid_13.tmp_0"], off
-
-
-def test_kl_window_and_candidate_range():
-    """Designed histograms, the kernel's bins measured: equal counts (the pick stops 4 candidates
-    short of the end: 1019 of 1024); a flat bulk on bins 1..400 and one value at the top (the
-    candidates from 512 on tie exactly: the first whole window on that plateau, centred on 516, wins);
-    the same with 1000 values at the top (406); a 0/1 mask (every candidate ties: 1015)."""
-    uniform = np.full(1024, 50, np.int64)
-    assert kl_bin(uniform) == 1019
-    step = np.zeros(1024, np.int64)
-    step[1:401], step[-1] = 1000, 1
-    assert kl_bin(step) == 516
-    step[-1] = 1000
-    assert kl_bin(step) == 406
-    mask = np.zeros(1024, np.int64)
-    mask[0], mask[-1] = 900, 100
-    assert kl_bin(mask) == 1015
 
 
 def test_kl_ignores_bin_zero():
@@ -385,61 +307,3 @@ def test_max_percentile_without_samples_falls_back_to_the_pooled_reading():
     s = collect(gaussian_with_outliers())
     bare = TensorStats(count=s.count, min=s.min, max=s.max, channel_absmax=None, hist=s.hist, hist_max=s.hist_max)
     assert threshold(bare, "max-percentile", percentile=0.999) == threshold(s, "percentile", percentile=0.999)
-
-
-def test_kl_bin_on_near_tie_histograms_the_kernel_picked():
-    """2000 histograms shaped like PP-OCRv4's p2o.Mul.30 (a bulk, lone tail values, the max at the top),
-    with the bins hmct's kernel picked: tuner agrees on 1716. The misses are near-ties the kernel's float
-    reduction breaks otherwise (section 1b: no float32 variant tried reproduces them all; the best, 1749).
-    A change to the search must not lose agreement here; one that gains should raise the bound."""
-    import json
-
-    from kl_neartie import near_tie_histogram
-
-    picks = json.loads((DATA_DIR / "hb_kl_neartie_picks.json").read_text())
-    first = picks["seeds"][0]
-    agree = sum(kl_bin(near_tie_histogram(first + i)) == k for i, k in enumerate(picks["kernel_bin"]))
-    assert agree >= 1716, agree
-
-
-def test_kl_bin_on_designed_spike_probes_the_kernel_picked():
-    """200 designed probes (section 1b, session 29): spikes 7 bins apart (no divergence from the bulk)
-    and lone tail values, n from 1e4 to 1.6e7. tuner picks the kernel's bin on 127. The misses: four
-    lone values from n = 3.5e5 on (plateau gaps 0.27/n to 0.71/n), one lone value with one spike
-    holding (nearly) all values from n = 3.4e6 on (gap ~10 x tail/n, > 5e-6), unequal spikes at
-    1.6e7: errors of the kernel's divergences larger than float32 rounding of the formula gives
-    (no variant reproduces them). A change that gains agreement should raise the bound."""
-    import json
-
-    from kl_neartie import spike_histogram
-
-    probes = json.loads((DATA_DIR / "hb_kl_spike_picks.json").read_text())["probes"]
-    agree = sum(kl_bin(spike_histogram(n, [tuple(t) for t in tail], spikes, first)) == k
-                for n, tail, spikes, first, k in probes)
-    assert agree >= 127, agree
-    # the kernel agrees with the exact search on the mild probes: one lone value over 100 equal spikes
-    mild = [p for p in probes if p[2] == 100 and p[3] is None and p[1] == [[950, 1]]]
-    assert len(mild) == 24
-    assert all(kl_bin(spike_histogram(n, [tuple(t) for t in tail], s, f)) == k for n, tail, s, f, k in mild)
-
-
-def test_kl_bin_on_dominant_spike_probes_the_kernel_picked():
-    """1102 designed probes (section 1b, session 29): one spike (24 of them: 2, 4 or 10 equal spikes) holding
-    all values but k x 2^-24 of them (k = 1 .. 64), one to seven values at bin 300, 600, 800 or 950 and the
-    max at 1023. The kernel keeps the
-    exact order (tuner's pick, the lone bin + 5) while k is above a break that moves with the lone bin and
-    the tail (k 4.75 at bin 300 .. ~21 for 8 tail values at 950, n 3.1e6 .. 7.1e6); below it its picks sawtooth
-    through the exact plateau (~240 bins per unit of k), which no float32 formulation tried reproduces.
-    tuner must agree everywhere above k = 22 and on 524 probes in all; a change that gains should raise it."""
-    import json
-
-    from kl_neartie import spike_histogram
-
-    probes = json.loads((DATA_DIR / "hb_kl_dominant_picks.json").read_text())["probes"]
-    tailed = [p for p in probes if p[1]]
-    assert len(tailed) == 1102
-    hits = [kl_bin(spike_histogram(n, [tuple(t) for t in tail], s, f)) == k for n, tail, s, f, k in tailed]
-    assert sum(hits) >= 524, sum(hits)
-    share = [(sum(c for _, c in tail) + 1) / (n + sum(c for _, c in tail) + 1) * 2**24 for n, tail, _, _, _ in tailed]
-    mild = [h for h, k in zip(hits, share) if k >= 22]
-    assert len(mild) > 300 and all(mild)

@@ -384,3 +384,14 @@ def test_kl_all_zero_calls_set_nothing_and_zeros_go_to_bin_zero():
     assert s.kl_hist[0] == ref.kl_hist[0] + 2000 and np.array_equal(s.kl_hist[1:], ref.kl_hist[1:])
     zero = collect([np.zeros((3, 4))])
     assert zero.kl_hist is None and zero.kl_width == 0.0
+
+
+def test_kl_bins_merge_as_float32_sums():
+    """Past max_num_bin hmct merges bins into float32 sums, bin by bin: exact below 2**24 in all,
+    rounded above (2**24 + 1 -> 2**24, 2**24 + 3 -> 2**24 + 4), as numpy's float32 gives."""
+    from tuner.calib.stats import _merge
+
+    small = np.array([0, 5, 7, 1, 2])
+    assert _merge(small, 2).tolist() == [5, 8, 2]
+    big = np.array([2**24, 1, 2**24, 3, 9])
+    assert _merge(big, 2).tolist() == [2**24, 2**24 + 4, 9]

@@ -11,22 +11,11 @@ import math
 
 import numpy as np
 
+from tuner.calib.kl import kl_bin
 from tuner.calib.stats import KL_NUM_BIN, TensorStats
 
 METHODS = ("max", "percentile", "max-percentile", "kl", "mse")
 
-#: hmct's kl search, measured with its kernel (docs/hb_rules/calibration.md 1b: bit-equal thresholds
-#: on 198 of 205 tensors of the example and PP-OCRv4's detector, 121 of 126 synthetic probes): 128
-#: target levels; each candidate's divergence is averaged with its 4 neighbours on either side;
-#: a bin holding mass that Q lacks costs p * log(p / KL_EMPTY_EPS) (any eps in 1e-12..1e-8 fits the
-#: probes, 1e-30 and 1e-6 do not).
-KL_LEVELS = 128
-KL_HALF_WINDOW = 4
-KL_EMPTY_EPS = 1e-10
-#: A histogram whose only nonzero bin (bin 0 aside) is its last: every candidate has the same
-#: divergence and the kernel's rounding picks bin 1015 of 1024 (a 0/1 mask: threshold 0.9917 x max,
-#: measured on the example's mask tensors and probes); other lengths pick rounding-dependent bins.
-KL_LONE_TOP_BIN = {1024: 1015}
 MSE_CANDIDATES = 200
 
 
@@ -161,92 +150,6 @@ def _hist_quantile(hist: np.ndarray, w: float, amax: float, p: float) -> float:
     v0 = order_stat(j)
     v1 = order_stat(min(j + 1, n - 1))
     return min(v0 + (r - j) * (v1 - v0), amax)
-
-
-def _xlogx(a: np.ndarray) -> np.ndarray:
-    return np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
-
-
-def kl_divergences(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(candidates i = 128 .. len(hist) - 1, hmct's divergence of each) for an |x| histogram.
-
-    Candidate i keeps bins [0, i). Bin 0 (|x| < one bin, exact zeros) is dropped first. P is the
-    kept bins with everything beyond added to the last kept bin; Q merges the *unclipped* kept bins
-    into 128 levels of i // 128 bins (the last level takes the rest) and spreads each level's mass
-    evenly over the level's bins where P is nonzero; KL(P/sum P || Q/sum Q), where a bin with P > 0
-    and Q = 0 (only the last kept bin, when its level holds nothing but the clipped mass) adds
-    p * log(p / KL_EMPTY_EPS). Measured (docs/hb_rules/calibration.md 1b); the variants that fit worse
-    on the 205 tensors: Q from the folded P (121 exact), smoothing with eps 1e-4 (34), 127 levels (37).
-
-    All candidates at once: the first 127 levels of candidates with the same i // 128 are the same
-    bins, so their terms P log(P / Q) are computed once per level width, bin by bin (a bin where P
-    equals Q adds exactly 0, so candidates that differ only by such bins tie exactly, as they do in
-    the kernel: a plateau's first window wins); the last level, per candidate, from prefix sums.
-    ~0.2 ms for 1024 bins (the head grows as len(hist)^2 / 256 terms: ~20 ms at 16384 bins).
-    """
-    h = np.asarray(hist, dtype=np.float64).copy()
-    h[0] = 0.0
-    n, nq = h.size, KL_LEVELS
-    i = np.arange(nq, n)
-    if i.size == 0:
-        return i, np.zeros(0)
-    nz = h != 0
-    C = np.concatenate(([0.0], np.cumsum(h)))               # prefix mass (exact: integer counts)
-    Z = np.concatenate(([0], np.cumsum(nz)))                # prefix count of nonzero bins
-    G = np.concatenate(([0.0], np.cumsum(_xlogx(h))))       # prefix sum of h log h
-    total = C[-1]
-    if total == 0:
-        return i, np.zeros(i.size)
-    per = i // nq
-    head = np.zeros(int(per[-1]) + 1)                       # sum of P log(P / Q) over levels 0..126, per width
-    for w in range(1, head.size):
-        b = np.arange((nq - 1) * w)
-        lo = (b // w) * w
-        mass, used = C[lo + w] - C[lo], Z[lo + w] - Z[lo]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            head[w] = np.where(nz[b], h[b] * np.log(h[b] * used / np.where(mass > 0, mass, 1.0)), 0.0).sum()
-    start = (nq - 1) * per                                  # the last level: bins [start, i)
-    kept = C[i]
-    tail = total - kept                                     # clipped into bin i - 1
-    last = h[i - 1] + tail                                  # P's last bin
-    q_mass = kept - C[start]                                # Q's last level (unclipped)
-    q_bins = (Z[i - 1] - Z[start]) + (last > 0)             # P's nonzero bins in the last level
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q_mass1 = np.where(q_mass > 0, q_mass, 1.0)
-        inner = (G[i - 1] - G[start]) - (C[i - 1] - C[start]) * np.log(q_mass1 / q_bins)
-        own = last * np.log(np.where(last > 0, last * q_bins / q_mass1, 1.0))
-        full = (head[per] + inner + own) / total + np.log(kept / total)
-        # Q's last level empty: P's last bin alone has no Q; the rest is KL over the other bins
-        p_tail = tail / total
-        empty = (head[per] / total + _xlogx(kept / total)
-                 + p_tail * np.log(np.where(p_tail > 0, p_tail, 1.0) / KL_EMPTY_EPS))
-    return i, np.where(q_mass > 0, full, empty)
-
-
-def kl_bin(hist: np.ndarray) -> int:
-    """The bin k of hmct's kl threshold ``(k + 0.5) * width`` for its |x| histogram.
-
-    Each candidate's divergence is averaged over the candidates within 4 of it (fewer at the
-    start: 128 averages 128..132), and the candidate with the smallest average is k, among those at
-    least 4 candidates before the last (so k <= len - 5: a uniform histogram of 1024 bins gives
-    1019). The same picks as a loop over candidates on every measured histogram; exact ties go to
-    the first (sums in a fixed order, so equal windows are bit-equal, as on the kernel's plateaus).
-    """
-    h = np.asarray(hist)
-    i, d = kl_divergences(h)
-    m, half = d.size, KL_HALF_WINDOW
-    if m <= half:
-        return h.size - 1
-    nonzero = np.flatnonzero(h[1:])
-    if nonzero.size == 1 and nonzero[0] == h.size - 2 and h.size in KL_LONE_TOP_BIN:
-        return KL_LONE_TOP_BIN[h.size]
-    padded = np.concatenate((np.zeros(half), d, np.zeros(half)))
-    sums = np.zeros(m)
-    for o in range(2 * half + 1):
-        sums = sums + padded[o : o + m]
-    j = np.arange(m)
-    counts = np.minimum(j, half) + 1 + np.minimum(m - 1 - j, half)
-    return int(i[int(np.argmin((sums / counts)[: m - half]))])
 
 
 def _kl(stats: TensorStats) -> float:

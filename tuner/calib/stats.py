@@ -17,7 +17,8 @@ Two |x| histograms are kept, both exact:
   a call would need more than 16384 bins (``max_num_bin``), groups of ``f = need // 8192`` bins are
   merged first and the width becomes ``f * w``. A kernel call is one calibration batch (hmct calls
   it with 8 samples at a time when the model allows it, else 1: ``tuner.calib.collect``), so the
-  collector is told where calls end (``update(x, call_end=...)``).
+  collector is told where calls end (``update(x, call_end=...)``). The kernel's bins are float32
+  counters: a bin stops at 2**24 values, and merged bins are float32 sums (``tuner.calib.kl``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.calib.kl import KL_COUNT_LIMIT, saturating_add
 from tuner.files import atomic_file
 
 NBINS = 16384
@@ -234,7 +236,7 @@ class _KLHistogram:
 
     def __init__(self, first_max: float | None = None) -> None:
         self.width: np.float32 | None = None
-        self.hist: np.ndarray | None = None   # int64; bin 0 holds |x| < w (exact zeros included)
+        self.hist: np.ndarray | None = None   # int64 counts, kept as the kernel's float32 bins count (kl.saturating_add)
         self._given = None if first_max is None or not first_max > 0 else np.float32(first_max)
         self._call_max = np.float32(0.0)
         self._length = 0                      # the histogram's real length before this call
@@ -269,7 +271,7 @@ class _KLHistogram:
         need = self._needed(top) if top > 0 else 0
         if need > KL_MAX_NUM_BIN:
             f = need // (KL_MAX_NUM_BIN // 2)
-            self.hist = np.add.reduceat(self.hist, np.arange(0, self.hist.size, f))   # groups of f bins
+            self.hist = _merge(self.hist, f)
             self._length = -(-self._length // f)
             self.width = np.float32(self.width * np.float32(f))
             need = self._needed(top)
@@ -281,7 +283,7 @@ class _KLHistogram:
             self._held_zeros = 0
         length = max(self._length, need)
         if self.hist.size > length:           # only the call's top value can sit past the end
-            self.hist[length - 1] += int(self.hist[length:].sum())
+            self.hist[length - 1] = saturating_add(self.hist[length - 1], int(self.hist[length:].sum()))
             self.hist = self.hist[:length]
         elif self.hist.size < length:
             self.hist = np.concatenate((self.hist, np.zeros(length - self.hist.size, np.int64)))
@@ -306,7 +308,16 @@ class _KLHistogram:
         if size > self.hist.size:
             self.hist = np.concatenate((self.hist, np.zeros(size - self.hist.size, np.int64)))
         idx = (a / self.width).astype(np.intp)           # float32 division, truncation == floor
-        self.hist += np.bincount(idx, minlength=self.hist.size)
+        self.hist = saturating_add(self.hist, np.bincount(idx, minlength=self.hist.size))
+
+
+def _merge(hist: np.ndarray, f: int) -> np.ndarray:
+    """Groups of ``f`` bins summed as the kernel merges them: in float32, bin by bin (exact below 2**24)."""
+    starts = np.arange(0, hist.size, f)
+    if int(hist.sum()) <= KL_COUNT_LIMIT:               # no partial sum can round
+        return np.add.reduceat(hist, starts)
+    return np.array([np.add.accumulate(hist[a : a + f].astype(np.float32), dtype=np.float32)[-1]
+                     for a in starts]).astype(np.int64)
 
 
 def _describe(layout: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tuner.calib.kl import KL_VERSION
 from tuner.calib.methods import threshold
 from tuner.calib.stats import TensorStats
 from tuner.files import write_atomic
@@ -29,7 +30,8 @@ class ThresholdMemo:
 
     @staticmethod
     def _key(tensor: str, method: str, percentile: float | None, qmax: int) -> str:
-        return f"{method}|{percentile!r}|{qmax}|{tensor}"
+        tag = f"kl.v{KL_VERSION}" if method == "kl" else method    # an older search's kl values are stale
+        return f"{tag}|{percentile!r}|{qmax}|{tensor}"
 
     def get(self, tensor: str, method: str, percentile: float | None, qmax: int) -> float:
         key = self._key(tensor, method, percentile, qmax)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tuner.calib.kl import KL_VERSION
 from tuner.candidate import Calibration, Candidate
 from tuner.sensitivity import FIXES, cached_sensitivity, leave_one_fixed, ranking
 from tuner.simulate import intconv
@@ -147,7 +148,7 @@ def node_gains(space: SearchSpace, ws: Workspace, cache: Path,
     ref = Candidate.make(reference_calibration(space, base), dict(base.nodes), base.optimization)
     # the opt-in integer kernels change every gain; "+add" since tuner.simulate.intadd (older rankings are stale)
     key = "|".join([ws.model.fingerprint, ws.calibration_data.fingerprint(), ws.eval_data.fingerprint(),
-                    ref.key(), metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES)]
+                    ref.key(), metric, ws.target.march, ",".join(nodes), "fixes=" + ",".join(FIXES), f"kl.v{KL_VERSION}"]
                    + (["intconv+add"] if intconv.enabled() else []))
     return cached_sensitivity(cache, key, lambda done, save: leave_one_fixed(ws.simulator, ref, nodes, metric,
                                                                           progress, done, save))
