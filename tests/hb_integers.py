@@ -5,15 +5,33 @@ model's per-tensor thresholds."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import onnx
+from helpers import hb_yaml, save_toy_model
 from onnx import TensorProto, helper
+
+#: the integer toys' input: one 1x8x16x16 tensor ``x``
+TOY_SHAPE = (1, 8, 16, 16)
 
 
 def attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def write_toy_project(root: Path, nodes, inits, outputs: list[str], node_info: dict, rng: np.random.Generator) -> Path:
+    """The integer toys' project: ``toy.onnx`` reading ``x`` (TOY_SHAPE), six calibration samples of
+    2 N(0, 1) in ``cal/`` and a max-calibrated YAML with ``node_info``; returns the YAML's path."""
+    root.mkdir(parents=True, exist_ok=True)
+    save_toy_model(root / "toy.onnx", nodes, inits, list(TOY_SHAPE), outputs)
+    (root / "cal").mkdir(exist_ok=True)
+    for i in range(6):
+        (rng.standard_normal(TOY_SHAPE) * 2).astype(np.float32).tofile(root / "cal" / f"{i:04d}.bin")
+    cfg = root / "hb_config.yaml"
+    cfg.write_text(hb_yaml("toy.onnx", "x", "x".join(map(str, TOY_SHAPE)), "max", json.dumps(node_info), prefix="toy"))
+    return cfg
 
 
 def convert_with_integer_outputs(hb_toolchain, cfg: Path, root: Path, shape: tuple[int, ...], samples: int = 2):

@@ -9,13 +9,11 @@ reading add3, and a Mul of the two.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hb_integers import attrs, calibrated_thresholds, convert_with_integer_outputs
-from helpers import hb_yaml, save_toy_model
+from hb_integers import attrs, calibrated_thresholds, convert_with_integer_outputs, write_toy_project
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.simulate.intadd import OUTPUT_SHIFT, emulation, norm, reference, requant
@@ -46,15 +44,7 @@ def _toy(root: Path, seed: int = 3) -> Path:
     k = conv("c4", "add1_out", relu=True)
     o = conv("c5", "add3_out")
     nodes.append(helper.make_node("Mul", [k, o], ["out"], name="m"))
-    root.mkdir(parents=True, exist_ok=True)
-    save_toy_model(root / "toy.onnx", nodes, inits, [1, 8, 16, 16], ["out"])
-    (root / "cal").mkdir(exist_ok=True)
-    for i in range(6):
-        (rng.standard_normal((1, 8, 16, 16)) * 2).astype(np.float32).tofile(root / "cal" / f"{i:04d}.bin")
-    cfg = root / "hb_config.yaml"
-    cfg.write_text(hb_yaml("toy.onnx", "x", "1x8x16x16", "max", json.dumps({"add2": {"OutputType": "int16"}}),
-                           prefix="toy"))
-    return cfg
+    return write_toy_project(root, nodes, inits, ["out"], {"add2": {"OutputType": "int16"}}, rng)
 
 
 # -- the rule alone ----------------------------------------------------------------------------------

@@ -9,14 +9,12 @@ reading that int16 tensor (not simulated: its split of the shifts differs), a 1x
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from hb_integers import attrs, calibrated_thresholds, convert_with_integer_outputs
-from helpers import hb_yaml, save_toy_model
+from hb_integers import attrs, calibrated_thresholds, convert_with_integer_outputs, write_toy_project
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.simulate.intconv import (
@@ -64,15 +62,7 @@ def _toy(root: Path, seed: int = 0) -> Path:
     g = conv("c6", f, C, C)
     h = op("Relu", "r7", [conv("c7", g, C, C, k=1)])
     out = op("Mul", "m8", [h, h])
-    root.mkdir(parents=True, exist_ok=True)
-    save_toy_model(root / "toy.onnx", nodes, inits, [1, 8, 16, 16], [out])
-    (root / "cal").mkdir(exist_ok=True)
-    for i in range(6):
-        (rng.standard_normal((1, 8, 16, 16)) * 2).astype(np.float32).tofile(root / "cal" / f"{i:04d}.bin")
-    cfg = root / "hb_config.yaml"
-    cfg.write_text(hb_yaml("toy.onnx", "x", "1x8x16x16", "max", json.dumps({"c5": {"OutputType": "int16"}}),
-                           prefix="toy"))
-    return cfg
+    return write_toy_project(root, nodes, inits, [out], {"c5": {"OutputType": "int16"}}, rng)
 
 
 # -- the rule alone ----------------------------------------------------------------------------------

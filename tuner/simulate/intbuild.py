@@ -5,7 +5,7 @@ requantization, its lowered Mul and its HardSigmoid table, ``TUNER_INTCONV=1``):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import Any
 
@@ -55,18 +55,12 @@ class IntKernels:
     @cached_property
     def _read_as(self) -> dict[str, list[str]]:
         """Tensor -> the dtypes BPU nodes read it in (plan.edges), once per build."""
-        out: dict[str, list[str]] = defaultdict(list)
-        for t, d in self.plan.edges.values():
-            out[t].append(d)
-        return out
+        return _dtypes_by_tensor(self.plan.edges.values())
 
     @cached_property
     def _cpu_read_as(self) -> dict[str, list[str]]:
         """Tensor -> the dtypes CPU nodes read it in (plan.cpu_reads), once per build."""
-        out: dict[str, list[str]] = defaultdict(list)
-        for t, d in self.plan.cpu_reads.values():
-            out[t].append(d)
-        return out
+        return _dtypes_by_tensor(self.plan.cpu_reads.values())
 
     def _register(self, inits: list[onnx.TensorProto]) -> None:
         for t in inits:
@@ -286,3 +280,11 @@ class IntKernels:
         if not s_r.per_tensor_symmetric:
             return None
         return conv, (add.name, k, float(s_r.scale))
+
+
+def _dtypes_by_tensor(reads: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """``(tensor, dtype)`` reads -> tensor: the dtypes it is read in."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for t, d in reads:
+        out[t].append(d)
+    return out
