@@ -1,8 +1,9 @@
 """Thresholds memoised per (tensor, method, percentile, qmax), in memory and on disk.
 
-kl costs ~0.5 ms a tensor (hundreds of tensors in a real model), so every process computing
-it again for the same statistics would waste a tenth of a second or more per calibration setting. The memo is a
-small JSON file next to the cached statistics: later runs and parallel workers reuse it.
+kl costs ~20 ms a tensor of 1024 bins and more for grown histograms (tuner.calib.kl; the example's 52
+tensors: ~1 s), so every process computing it again for the same statistics would waste a second or more
+per calibration setting. The memo is a small JSON file next to the cached statistics: later runs and
+parallel workers reuse it.
 """
 
 from __future__ import annotations
